@@ -1,0 +1,20 @@
+"""kvsim app: `streamlit run app.py`.
+
+st.navigation over the page files in pages/ (auto-discovery stays off); the sidebar that
+picks the model, KV dtype and tensor parallelism is shared by every page.
+"""
+
+import streamlit as st
+
+from ui.sidebar import render_sidebar
+
+st.set_page_config(page_title="kvsim: KV-cache explorer", page_icon=":material/memory:", layout="wide")
+
+PAGES = [
+    st.Page("pages/calculator.py", title="Calculator", icon=":material/calculate:", default=True),
+    # One line per page; keep the order a newcomer would read them in.
+]
+
+nav = st.navigation(PAGES)
+render_sidebar()
+nav.run()
