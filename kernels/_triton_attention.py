@@ -384,6 +384,7 @@ def plan_decode(shape: AttentionShape, sliding_window: int | None, num_splits: i
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, shape: AttentionShape, scale: float,
                     sliding_window: int | None, num_splits: int | None, out: torch.Tensor) -> torch.Tensor:
     cache = shape.cache
+    block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()  # kernels index rows directly
     head_pad = _next_pow2(cache.head_dim)
     group_pad = max(16, _next_pow2(shape.group_size))
     splits, partition, block_n = plan_decode(shape, sliding_window, num_splits, _num_sms(query.device))
@@ -416,6 +417,8 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sh
 def paged_prefill(query, key_cache, value_cache, block_tables, context_lens, query_start_loc, *,
                   shape: AttentionShape, scale: float, sliding_window: int | None, out: torch.Tensor) -> torch.Tensor:
     cache = shape.cache
+    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
+    query_start_loc = query_start_loc.contiguous()
     head_pad = _next_pow2(cache.head_dim)
     block_m = max(64, _next_pow2(shape.group_size))
     block_q = block_m // shape.group_size
