@@ -5,8 +5,14 @@ anything imports triton (kernels imports it lazily, on first use of the triton b
 """
 
 import os
+import sys
+from pathlib import Path
 
 import torch
+
+# The helpers in paged_cases.py are imported by name; with --import-mode=importlib
+# pytest does not put test directories on sys.path, so do it here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
