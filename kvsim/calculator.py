@@ -61,6 +61,36 @@ def as_lengths(values: Iterable[int] | np.ndarray | int, what: str = "sequence l
     return arr
 
 
+def parse_lengths(text: str, what: str = "context") -> list[int]:
+    """Token counts typed by a person: ``"33, 100 2k 1e3"`` -> ``[33, 100, 2000, 1000]``.
+
+    Separators are commas, semicolons or spaces; ``k``/``m`` suffixes multiply by 10^3/10^6.
+    Every value must be a positive whole number.
+    """
+    parts = [p for p in str(text).replace(",", " ").replace(";", " ").split() if p]
+    if not parts:
+        raise KvsimError(f"give at least one {what} length")
+    out = []
+    for part in parts:
+        raw = part.strip().lower().replace("_", "")
+        scale = 1
+        if raw.endswith(("k", "m")):
+            scale = 1000 if raw[-1] == "k" else 1_000_000
+            raw = raw[:-1]
+        try:
+            value = float(raw) * scale if any(c in raw for c in ".e") else int(raw) * scale
+        except ValueError:
+            raise KvsimError(f"{what} {part!r} is not a number") from None
+        if isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")) or not value.is_integer():
+                raise KvsimError(f"{what} {part!r} is not a whole number of tokens")
+            value = int(value)
+        if value <= 0:
+            raise KvsimError(f"{what} must be positive, got {part!r}")
+        out.append(value)
+    return out
+
+
 def blocks_for_tokens(num_tokens: np.ndarray | int, block_size: int) -> np.ndarray | int:
     """``ceil(n / block_size)``, elementwise."""
     return (num_tokens + block_size - 1) // block_size
@@ -318,6 +348,6 @@ def block_size_sweep(
 
 __all__ = [
     "KVUsage", "kv_usage", "per_sequence_table", "concurrency_sweep", "block_size_sweep",
-    "sequence_lengths", "blocks_for_tokens", "window_blocks", "as_lengths", "check_block_size",
+    "sequence_lengths", "parse_lengths", "blocks_for_tokens", "window_blocks", "as_lengths", "check_block_size",
     "DEFAULT_SWEEP_BLOCK_SIZES", "BLOCK_TABLE_ENTRY_BYTES",
 ]
