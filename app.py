@@ -12,6 +12,7 @@ st.set_page_config(page_title="kvsim: KV-cache explorer", page_icon=":material/m
 
 PAGES = [
     st.Page("pages/calculator.py", title="Calculator", icon=":material/calculate:", default=True),
+    st.Page("pages/cost.py", title="Cost", icon=":material/speed:"),
     # One line per page; keep the order a newcomer would read them in.
 ]
 

@@ -471,14 +471,16 @@ def roofline_boundary(model: CostModel, context: int) -> RooflineBoundary:
 
 
 def intensity_grid(model: CostModel, batch_sizes: Sequence[int], contexts: Sequence[int]) -> pd.DataFrame:
-    """Arithmetic intensity and binding side of decode steps over a batch x context grid."""
+    """Arithmetic intensity, modelled achieved FLOP/s and binding side of decode steps over a
+    batch x context grid (for the roofline chart)."""
     rows = []
     bs = _int_array(batch_sizes, "batch sizes", minimum=1).tolist()
     for ctx in _int_array(contexts, "context lengths", minimum=1).tolist():
         for b in bs:
             s = model.step_cost(decode_context=np.full(b, ctx, dtype=np.int64))
             rows.append({"batch_size": b, "context": ctx, "arithmetic_intensity": s.arithmetic_intensity,
-                         "bound": s.bound, "step_time_s": s.time_s})
+                         "achieved_flops_per_s": s.total_flops / s.time_s, "bound": s.bound,
+                         "step_time_s": s.time_s})
     return pd.DataFrame(rows)
 
 

@@ -1,0 +1,80 @@
+"""Cost page in AppTest: charts with titles, axis titles and their assumptions; inputs move
+the numbers; a model that does not fit the GPU warns instead of failing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+def _open() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90).run()
+    at.switch_page("pages/cost.py").run()
+    assert not at.exception
+    return at
+
+
+def _charts(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_cost_page_draws_every_chart_with_its_assumptions():
+    at = _open()
+    charts = _charts(at)
+    assert len(charts) >= 3
+    for fig in charts:
+        title = fig["layout"]["title"]["text"]
+        assert "OPT-13B" in title and "A100 40GB" in title  # the default model and GPU are stated
+        assert fig["layout"]["xaxis"]["title"]["text"]
+        assert fig["layout"]["yaxis"]["title"]["text"]
+    # OPT-13B at the A100's published peaks: weights 25.7e9 B, ridge 312e12 / 1.555e12 = 201 FLOP/B.
+    m = _metrics(at)
+    assert m["Weights read per step"] == "23.9 GiB"
+    assert m["GPU ridge point"] == "201 FLOP/B"
+    assert m["KV read per token of context"] == "800.0 KiB"
+    assert m["Linear layers compute-bound from"] == "201 tokens/step"
+    # context chart: KV bytes read for batch 8 at context 1,024 = 8 x 1,024 x 819,200 B = 6.25 GiB
+    ctx = charts[0]
+    bars = next(t for t in ctx["data"] if t["type"] == "bar")
+    i = [str(x) for x in bars["x"]].index("1024")
+    assert abs(bars["y"][i] - 8 * 1024 * 819_200 / 2**30) < 1e-9
+    assert len(at.caption) >= 4
+
+
+def test_inputs_change_the_numbers():
+    at = _open()
+    at.selectbox(key="cost_gpu").set_value("h100-80gb").run()
+    assert not at.exception
+    assert _metrics(at)["GPU ridge point"] == "295 FLOP/B"  # 989e12 / 3.35e12
+    at.selectbox(key="cost_wdtype").set_value("fp8").run()
+    assert _metrics(at)["Weights read per step"] == "12.0 GiB"
+
+
+def test_a_model_too_big_for_the_gpu_warns_and_still_charts():
+    # The sidebar's model comes from the URL (AppTest drops sidebar widgets on reruns under
+    # st.navigation). DeepSeek-V3's 671B parameters do not fit one A100.
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.query_params["model"] = "deepseek-v3"
+    at.run()
+    at.switch_page("pages/cost.py").run()
+    assert not at.exception
+    assert any("no room" in w.value for w in at.warning)
+    assert len(_charts(at)) >= 3
+    assert "DeepSeek-V3" in _charts(at)[0]["layout"]["title"]["text"]
+
+
+def test_custom_gpu():
+    at = _open()
+    at.selectbox(key="cost_gpu").set_value("custom").run()
+    at.number_input(key="cost_bw").set_value(1000.0).run()
+    at.number_input(key="cost_tf").set_value(100.0).run()
+    assert not at.exception
+    assert _metrics(at)["GPU ridge point"] == "100 FLOP/B"
