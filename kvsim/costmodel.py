@@ -494,6 +494,61 @@ def prefill_sweep(model: CostModel, prompt_lengths: Sequence[int]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+# ----- validation hook: measured step times against the model --------------------------
+
+
+def _field(step: Any, name: str, default: Any = None) -> Any:
+    if isinstance(step, dict):
+        return step.get(name, default)
+    return getattr(step, name, default)
+
+
+def compare_step_times(model: CostModel, steps: Iterable[Any]) -> pd.DataFrame:
+    """Measured step times beside the model's prediction for the same batch and lengths.
+
+    Each step is a mapping or an object with ``step_time_s`` (measured seconds),
+    ``decode_context`` (context per decode sequence, this step's token included) and
+    optionally ``prefill_tokens`` / ``prefill_cached`` and ``step`` (index; position when
+    absent). Returns one row per step: ``step``, ``measured_step_time_s``,
+    ``predicted_step_time_s``, ``ratio`` (measured / predicted: >= 1 for a true lower bound),
+    ``num_tokens``, ``kv_read_bytes`` and ``bound``.
+    """
+    rows = []
+    for i, step in enumerate(steps):
+        measured = _field(step, "step_time_s")
+        if isinstance(measured, bool) or not isinstance(measured, (int, float, np.floating, np.integer)) \
+                or not measured >= 0 or measured == math.inf:
+            raise KvsimError(f"step {i}: measured step_time_s must be a non-negative number, got {measured!r}")
+        cached = _field(step, "prefill_cached")
+        cost = model.step_cost(prefill_tokens=_field(step, "prefill_tokens", ()) or (),
+                               prefill_cached=cached if cached is None or len(cached) else None,
+                               decode_context=_field(step, "decode_context", ()) or ())
+        rows.append({
+            "step": int(_field(step, "step", i)), "measured_step_time_s": float(measured),
+            "predicted_step_time_s": cost.time_s,
+            "ratio": float(measured) / cost.time_s if cost.time_s > 0 else math.nan,
+            "num_tokens": cost.num_tokens, "kv_read_bytes": cost.kv_read_bytes, "bound": cost.bound,
+        })
+    columns = ["step", "measured_step_time_s", "predicted_step_time_s", "ratio", "num_tokens", "kv_read_bytes", "bound"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def predicted_timeline(model: CostModel, steps: Iterable[Any], source: str = "predicted") -> pd.DataFrame:
+    """A Timeline (``step``, ``time_s``, ``step_time_s``, ``source``) of the model's step
+    times for the same batches, to draw beside a measured Timeline."""
+    from kvsim.timeline import make_timeline
+
+    rows, clock = [], 0.0
+    for i, step in enumerate(steps):
+        cached = _field(step, "prefill_cached")
+        t = model.step_cost(prefill_tokens=_field(step, "prefill_tokens", ()) or (),
+                            prefill_cached=cached if cached is None or len(cached) else None,
+                            decode_context=_field(step, "decode_context", ()) or ()).time_s
+        clock += t
+        rows.append({"step": int(_field(step, "step", i)), "time_s": clock, "step_time_s": t, "source": source})
+    return make_timeline(rows)
+
+
 def _check_positive_int(label: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise KvsimError(f"{label} must be a positive integer, got {value!r}")
@@ -503,5 +558,5 @@ def _check_positive_int(label: str, value: object) -> int:
 __all__ = [
     "CostModel", "StepCost", "MEMORY", "COMPUTE", "context_sweep", "batch_sweep",
     "ridge_batch_size", "intensity_grid", "prefill_sweep", "RooflineBoundary", "roofline_boundary",
-    "linear_ridge_tokens", "ACTIVATION_BYTES",
+    "linear_ridge_tokens", "ACTIVATION_BYTES", "compare_step_times", "predicted_timeline",
 ]

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.costmodel import (
-    COMPUTE, MEMORY, CostModel, batch_sweep, context_sweep, intensity_grid, linear_ridge_tokens,
+    COMPUTE, MEMORY, CostModel, batch_sweep, compare_step_times, context_sweep, intensity_grid,
+    linear_ridge_tokens, predicted_timeline,
     prefill_sweep, ridge_batch_size, roofline_boundary,
 )
 from kvsim.errors import KvsimError
@@ -334,3 +335,28 @@ def test_intensity_grid_and_prefill_sweep_shapes():
     pf = prefill_sweep(m, [16, 4096])
     assert pf["step_time_s"].is_monotonic_increasing
     assert pf["bound"].tolist()[-1] == COMPUTE
+
+
+# ----- validation hook ------------------------------------------------------------------
+
+
+def test_compare_step_times_puts_prediction_beside_measurement():
+    """Two measured steps: a weights-only decode (prediction 16.5329 ms, worked out in
+    test_weights_only_step_opt13b_a100) measured at 20 ms, and a 3-token chunk after 5
+    cached tokens measured at 33 ms."""
+    m = CostModel(get_preset("opt-13b"), A100_40)
+    steps = [
+        {"decode_context": [1], "step_time_s": 0.020},
+        {"prefill_tokens": [3], "prefill_cached": [5], "step_time_s": 0.033, "step": 7},
+    ]
+    df = compare_step_times(m, steps)
+    assert df["step"].tolist() == [0, 7]
+    assert df["predicted_step_time_s"].iloc[0] == pytest.approx(0.0165328521, rel=1e-8)
+    assert df["ratio"].iloc[0] == pytest.approx(0.020 / 0.0165328521, rel=1e-8)
+    assert df["num_tokens"].tolist() == [1, 3]
+    assert df["kv_read_bytes"].tolist() == [819_200, 8 * 819_200]
+    tl = predicted_timeline(m, steps)
+    assert tl["time_s"].iloc[-1] == pytest.approx(df["predicted_step_time_s"].sum())
+    assert set(tl.columns) == {"step", "time_s", "step_time_s", "source"}
+    with pytest.raises(KvsimError):
+        compare_step_times(m, [{"decode_context": [4], "step_time_s": -1.0}])
