@@ -13,6 +13,7 @@ st.set_page_config(page_title="kvsim: KV-cache explorer", page_icon=":material/m
 PAGES = [
     st.Page("pages/calculator.py", title="Calculator", icon=":material/calculate:", default=True),
     st.Page("pages/cost.py", title="Cost", icon=":material/speed:"),
+    st.Page("pages/engine.py", title="Engine", icon=":material/monitoring:"),
     # One line per page; keep the order a newcomer would read them in.
 ]
 
