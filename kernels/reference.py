@@ -16,12 +16,31 @@ import torch
 from kernels._validate import AttentionShape, CacheShape
 
 
-def _gather(cache: torch.Tensor, table_row_or_rows: torch.Tensor, num_tokens_padded: int) -> torch.Tensor:
-    # cache: [num_blocks, block_size, num_kv_heads, head_dim]; table: [..., nb] int64
-    # -> [..., nb * block_size, num_kv_heads, head_dim] in float32 (logical token order)
-    gathered = cache[table_row_or_rows]
-    lead = gathered.shape[:-4]
-    return gathered.reshape(*lead, num_tokens_padded, cache.shape[2], cache.shape[3]).float()
+def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Whole blocks in logical order: table [..., nb] -> [..., nb * block_size, num_kv_heads, head_dim] float32.
+
+    index_select on rows of whole blocks moves memory at close to copy speed; advanced
+    indexing per token would not.
+    """
+    num_blocks, block_size, kvh, hd = cache.shape
+    rows = cache.reshape(num_blocks, block_size * kvh * hd).index_select(0, table.reshape(-1))
+    return rows.view(*table.shape[:-1], table.shape[-1] * block_size, kvh, hd).float()
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """Masked softmax attention in float32, one batched matmul per KV head.
+
+    q: [B, num_kv_heads, M, head_dim] (M = group x query tokens); k, v: [B, T, num_kv_heads,
+    head_dim] as gathered; visible: bool, broadcastable to [B, M, T]. Returns q's shape.
+    Slicing one KV head out of k is a strided view that bmm reads in place, so the loop
+    (over heads, never tokens) avoids re-laying-out the gathered cache.
+    """
+    out = torch.empty_like(q)
+    for h in range(q.shape[1]):
+        scores = torch.bmm(q[:, h], k[:, :, h, :].transpose(1, 2)) * scale  # [B, M, T]
+        scores.masked_fill_(~visible, float("-inf"))
+        out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h, :])  # [B, M, head_dim]
+    return out
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, shape: AttentionShape, scale: float,
@@ -41,13 +60,10 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sh
     block_read = (block_start[None, :] < lens[:, None]) & (block_start[None, :] + bs > first[:, None])
     table = torch.where(block_read, block_tables[:, :num_blocks_read].long(), 0)  # [num_seqs, nb]
 
-    k = _gather(key_cache, table, num_tokens)  # [num_seqs, T, num_kv_heads, head_dim]
-    v = _gather(value_cache, table, num_tokens)
+    k = _gather(key_cache, table)  # [num_seqs, T, num_kv_heads, head_dim]
+    v = _gather(value_cache, table)
     q = query.float().reshape(shape.num_seqs, shape.cache.num_kv_heads, shape.group_size, shape.cache.head_dim)
-    scores = torch.einsum("skgd,stkd->skgt", q, k) * scale  # [num_seqs, num_kv_heads, group, T]
-    scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    o = torch.einsum("skgt,stkd->skgd", probs, v)  # [num_seqs, num_kv_heads, group, head_dim]
+    o = _attend(q, k, v, visible[:, None, :], scale)  # [num_seqs, num_kv_heads, group, head_dim]
     out.copy_(o.reshape(out.shape))
     return out
 
@@ -69,18 +85,17 @@ def paged_prefill(query, key_cache, value_cache, block_tables, context_lens, que
         first = max(0, ctx - sliding_window + 1) if sliding_window else 0
         row = block_tables[s, :nb].long()
         row = torch.where(torch.arange(nb, device=row.device) >= first // bs, row, 0)  # unread entries -> block 0
-        k = _gather(key_cache, row, nb * bs)[:total]  # [total, num_kv_heads, head_dim]
-        v = _gather(value_cache, row, nb * bs)[:total]
-        q = query[q0:q1].float().reshape(q_len, kvh, group, hd)
-        scores = torch.einsum("lkgd,tkd->kglt", q, k) * scale  # [num_kv_heads, group, q_len, total]
-        q_pos = ctx + torch.arange(q_len, device=query.device)[:, None]  # [q_len, 1]
-        k_pos = torch.arange(total, device=query.device)[None, :]  # [1, total]
-        visible = k_pos <= q_pos
+        k = _gather(key_cache, row[None])  # [1, nb * bs, num_kv_heads, head_dim]
+        v = _gather(value_cache, row[None])
+        # rows (token i, head-in-group g) -> [1, num_kv_heads, q_len * group, head_dim]
+        q = query[q0:q1].float().reshape(q_len, kvh, group, hd).permute(1, 0, 2, 3).reshape(1, kvh, q_len * group, hd)
+        q_pos = ctx + torch.arange(q_len, device=query.device).repeat_interleave(group)[:, None]  # [q_len*group, 1]
+        k_pos = torch.arange(nb * bs, device=query.device)[None, :]  # [1, T]
+        visible = (k_pos <= q_pos) & (k_pos >= first)
         if sliding_window:
             visible &= k_pos > q_pos - sliding_window
-        scores.masked_fill_(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("kglt,tkd->lkgd", probs, v)  # [q_len, num_kv_heads, group, head_dim]
+        o = _attend(q, k, v, visible[None], scale)  # [1, num_kv_heads, q_len * group, head_dim]
+        o = o.reshape(kvh, q_len, group, hd).permute(1, 0, 2, 3)  # [q_len, num_kv_heads, group, head_dim]
         out[q0:q1] = o.reshape(q_len, shape.num_heads, hd).to(out.dtype)
     return out
 
