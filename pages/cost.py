@@ -83,16 +83,19 @@ assumed = model.describe()
 boundary = roofline_boundary(model, context_for_batch)
 one = model.step_cost(decode_context=[context_for_batch])
 
-m = st.columns(5)
+m = st.columns(3)
 m[0].metric("Weights read per step", fmt_bytes(one.weight_bytes), help=f"{one.weight_bytes:,} bytes per rank")
 m[1].metric("KV read per token of context", fmt_bytes(spec.bytes_per_token(model.kv_dtype, model.tp)),
             help="Every decode step reads this much per token already in the sequence's cache.")
 m[2].metric("GPU ridge point", f"{boundary.ridge_point:,.0f} FLOP/B",
             help="Peak FLOP/s over peak bandwidth: steps with fewer FLOPs per byte are memory-bound.")
-m[3].metric("Linear layers compute-bound from",
-            "never" if boundary.linear_ridge_tokens is None else f"{boundary.linear_ridge_tokens:,} tokens/step")
-m[4].metric("Decode attention intensity", f"{boundary.attention_intensity:,.1f} FLOP/B",
+m = st.columns(3)
+m[0].metric("Linear layers compute-bound from", "never" if boundary.linear_ridge_tokens is None
+            else f"{boundary.linear_ridge_tokens:,} tokens", help="Tokens per step (decode sequences + prefill tokens).")
+m[1].metric("Decode attention intensity", f"{boundary.attention_intensity:,.1f} FLOP/B",
             help="FLOPs per KV byte of one decode token: about 2 x q heads / (KV heads x KV dtype bytes).")
+m[2].metric("One decode step, batch 1", f"{1e3 * one.time_s:,.2f} ms",
+            help=f"At {context_for_batch:,} tokens: {one.bound}-bound; attention {100 * one.attention_share:.1f} % of it.")
 if capacity_note:
     st.warning(f"Memory: {capacity_note}. The time model below still applies per step.")
 elif plan is not None:

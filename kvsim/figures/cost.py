@@ -29,11 +29,18 @@ def _title(text: str, assumed: str) -> dict:
 
 
 def _layout(fig: go.Figure, **kw) -> go.Figure:
+    """Shared look; the legend sits under the plot so it never covers the two-line title."""
     fig.update_layout(margin=dict(l=10, r=10, t=80, b=40), plot_bgcolor="white",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), **kw)
+                      legend=dict(orientation="h", yanchor="top", y=-0.2, x=0, xanchor="left"), **kw)
     fig.update_xaxes(showgrid=True, gridcolor="#eee")
     fig.update_yaxes(showgrid=True, gridcolor="#eee")
     return fig
+
+
+def _vertical(fig: go.Figure, x: float, top: float, name: str, color: str, dash: str, bottom: float = 0.0) -> None:
+    """A vertical marker drawn as a legend entry (shapes and annotations misplace on log axes)."""
+    fig.add_trace(go.Scatter(x=[x, x], y=[bottom, top], mode="lines", name=name,
+                             line=dict(color=color, dash=dash), hoverinfo="name"))
 
 
 def context_cost_figure(df: pd.DataFrame, assumed: str) -> go.Figure:
@@ -55,7 +62,7 @@ def context_cost_figure(df: pd.DataFrame, assumed: str) -> go.Figure:
         xaxis=dict(title="context per sequence (tokens)", type="category"),
         yaxis=dict(title="bytes read per step (GiB)", rangemode="tozero"),
         yaxis2=dict(title="attention share of step time (%)", overlaying="y", side="right", range=[0, 100],
-                    showgrid=False),
+                    tickmode="linear", tick0=0, dtick=20, showgrid=False),
         bargap=0.3,
     )
 
@@ -72,18 +79,18 @@ def batch_cost_figure(df: pd.DataFrame, assumed: str, *, max_batch_in_memory: in
     fig.add_trace(go.Scatter(x=b, y=(1e3 * df["per_token_latency_s"]).tolist(), name="per-token latency (ms)",
                              mode="lines+markers", yaxis="y2", line=dict(color=LATENCY_COLOR),
                              hovertemplate="batch %{x:,}<br>%{y:.2f} ms/token<extra></extra>"))
+    top = float(df["throughput_tokens_per_s"].max()) if len(df) else 1.0
     if max_batch_in_memory is not None and max_batch_in_memory >= 1:
-        fig.add_vline(x=max_batch_in_memory, line=dict(color="#495057", dash="dot"),
-                      annotation_text=f"KV memory full at {max_batch_in_memory:,}", annotation_position="top left")
+        _vertical(fig, max_batch_in_memory, top, f"KV memory full at batch {max_batch_in_memory:,}", "#495057", "dot")
     if ridge_batch is not None:
-        fig.add_vline(x=ridge_batch, line=dict(color="#2b8a3e", dash="dash"),
-                      annotation_text=f"compute-bound from ~{ridge_batch:,.0f}", annotation_position="bottom right")
+        _vertical(fig, ridge_batch, top, f"step compute-bound from batch ~{ridge_batch:,.0f}", "#2b8a3e", "dash")
     return _layout(
         fig,
         title=_title("Bigger batches raise throughput and per-token latency", assumed),
         xaxis=dict(title="decode batch (sequences)", type="log"),
         yaxis=dict(title="throughput (tokens/s)", rangemode="tozero"),
-        yaxis2=dict(title="per-token latency (ms)", overlaying="y", side="right", rangemode="tozero", showgrid=False),
+        yaxis2=dict(title="per-token latency (ms)", overlaying="y", side="right", rangemode="tozero",
+                    tickmode="auto", showgrid=False),
     )
 
 
@@ -105,8 +112,8 @@ def roofline_figure(grid: pd.DataFrame, ridge_point: float, bandwidth_bytes_per_
             x=part["arithmetic_intensity"].tolist(), y=y.tolist(), mode="markers+lines", name=f"decode, context {ctx:,}",
             text=[f"batch {b:,}" for b in part["batch_size"].tolist()],
             hovertemplate="%{text}<br>%{x:.1f} FLOP/B, %{y:.2f} TFLOP/s<extra></extra>"))
-    fig.add_vline(x=ridge_point, line=dict(color="#2b8a3e", dash="dash"),
-                  annotation_text=f"ridge {ridge_point:,.0f} FLOP/B", annotation_position="top left")
+    _vertical(fig, ridge_point, flops_per_s / 1e12, f"ridge point {ridge_point:,.0f} FLOP/B", "#2b8a3e", "dash",
+              bottom=float(roof.min()))
     return _layout(
         fig,
         title=_title("Where decode steps sit on the roofline: memory-bound left of the ridge", assumed),
@@ -125,9 +132,10 @@ def rate_sweep_figure(df: pd.DataFrame, assumed: str, *, latency_bound_s: float 
             x=part["rate_per_s"].tolist(), y=part["normalized_latency_s"].tolist(), mode="lines+markers",
             name=str(strategy), line=dict(color=STRATEGY_COLORS.get(str(strategy))),
             hovertemplate="%{x:.2f} req/s<br>%{y:.3f} s/token<extra>" + str(strategy) + "</extra>"))
-    if latency_bound_s is not None:
-        fig.add_hline(y=latency_bound_s, line=dict(color="#495057", dash="dot"),
-                      annotation_text=f"latency bound {latency_bound_s:g} s/token", annotation_position="top left")
+    if latency_bound_s is not None and len(df):
+        rates = [0.0, float(df["rate_per_s"].max())]
+        fig.add_trace(go.Scatter(x=rates, y=[latency_bound_s] * 2, mode="lines", hoverinfo="name",
+                                 name=f"latency bound {latency_bound_s:g} s/token", line=dict(color="#495057", dash="dot")))
     return _layout(
         fig,
         title=_title("Normalized latency versus request rate: where each strategy's latency explodes", assumed),

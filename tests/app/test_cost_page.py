@@ -40,7 +40,7 @@ def test_cost_page_draws_every_chart_with_its_assumptions():
     assert m["Weights read per step"] == "23.9 GiB"
     assert m["GPU ridge point"] == "201 FLOP/B"
     assert m["KV read per token of context"] == "800.0 KiB"
-    assert m["Linear layers compute-bound from"] == "201 tokens/step"
+    assert m["Linear layers compute-bound from"] == "201 tokens"
     # context chart: KV bytes read for batch 8 at context 1,024 = 8 x 1,024 x 819,200 B = 6.25 GiB
     ctx = charts[0]
     bars = next(t for t in ctx["data"] if t["type"] == "bar")

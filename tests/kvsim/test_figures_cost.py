@@ -40,15 +40,17 @@ def test_batch_figure_marks_memory_and_ridge():
     _check_labels(fig)
     assert list(fig.data[0].y) == pytest.approx(df["throughput_tokens_per_s"].tolist())
     assert list(fig.data[1].y) == pytest.approx((1e3 * df["step_time_s"]).tolist())
-    xs = sorted(s["x0"] for s in fig.to_plotly_json()["layout"]["shapes"])
-    assert xs == [8, 300.0]
+    markers = {t.name: list(t.x) for t in fig.data[2:]}
+    assert markers == {"KV memory full at batch 8": [8, 8], "step compute-bound from batch ~300": [300.0, 300.0]}
 
 
 def test_roofline_points_never_above_the_roof():
     grid = intensity_grid(MODEL, [1, 16, 256, 4096], [128, 2048])
     fig = roofline_figure(grid, MODEL.ridge_point, MODEL.bandwidth_bytes_per_s, MODEL.flops_per_s, ASSUMED)
     _check_labels(fig)
-    for trace in fig.data[1:]:
+    points = [t for t in fig.data if t.name.startswith("decode")]
+    assert len(points) == 2
+    for trace in points:
         for x, y in zip(trace.x, trace.y):
             roof = min(x * MODEL.bandwidth_bytes_per_s, MODEL.flops_per_s) / 1e12
             assert y <= roof * (1 + 1e-9)
@@ -59,7 +61,7 @@ def test_rate_sweep_figure_one_line_per_strategy():
                        "rate_per_s": [1.0, 2.0, 1.0, 2.0], "normalized_latency_s": [0.1, 0.2, 0.3, 5.0]})
     fig = rate_sweep_figure(df, ASSUMED, latency_bound_s=1.0)
     _check_labels(fig)
-    assert [t.name for t in fig.data] == ["paged", "reserve-max"]
+    assert [t.name for t in fig.data] == ["paged", "reserve-max", "latency bound 1 s/token"]
     assert list(fig.data[1].y) == [0.3, 5.0]
 
 
