@@ -14,7 +14,7 @@ copy speed and never read a byte twice.
   ``[GROUP_PAD, HEAD_PAD]`` tile, so each K/V element is read once per group instead
   of once per query head. ``GROUP_PAD = max(16, next_pow2(GROUP))`` because ``tl.dot``
   needs every dimension >= 16; the padded rows are masked (zero queries, never stored).
-  ``HEAD_PAD = next_pow2(head_dim)`` with masked loads covers 80, 96 and 112.
+  ``HEAD_PAD = max(16, next_pow2(head_dim))`` with masked loads covers 80, 96 and 112.
 - **Tiles of BLOCK_N tokens, addressed token by token through the block table**. Each
   iteration gathers ``BLOCK_N`` (64, or 32 for head_dim 256) logical positions: logical
   block ``pos // BLOCK_SIZE``, physical block from the table, slot ``pos %
@@ -48,7 +48,7 @@ Interpreter note: under ``TRITON_INTERPRET=1`` (Triton 3.9) ``tl.dot`` multiplie
 raw bit patterns of bfloat16 operands (triton-lang/triton#11584, "not supported yet"),
 so there, and only there, bf16 tiles are upcast to fp32 before each dot
 (``UPCAST_DOT``). fp32 inputs use ``input_precision="ieee"`` so the GPU does not
-silently round them to TF32.
+silently round them to TF32 (fp32 is the CPU/test dtype; on GPU use fp16/bf16).
 """
 
 from __future__ import annotations
@@ -349,7 +349,8 @@ def _num_sms(device: torch.device) -> int:
 def _dot_flags(dtype: torch.dtype) -> dict:
     return {
         "UPCAST_DOT": dtype == torch.bfloat16 and _backend.interpreting(),
-        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        # fp32: exact products, not TF32; 16-bit inputs: the backend default (precision is moot).
+        "DOT_PRECISION": "ieee" if dtype == torch.float32 else None,
     }
 
 
@@ -364,7 +365,7 @@ def plan_decode(shape: AttentionShape, sliding_window: int | None, num_splits: i
     A requested `num_splits` is honoured up to what the context length allows (each
     partition holds at least one BLOCK_N tile), so the result may be smaller.
     """
-    block_n = _tile_n(_next_pow2(shape.cache.head_dim))
+    block_n = _tile_n(max(16, _next_pow2(shape.cache.head_dim)))
     span = shape.table_capacity  # longest token range a row of the table can address
     if sliding_window:
         span = min(span, sliding_window + block_n - 1)  # the aligned-down start adds < BLOCK_N
@@ -385,7 +386,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, *, sh
                     sliding_window: int | None, num_splits: int | None, out: torch.Tensor) -> torch.Tensor:
     cache = shape.cache
     block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()  # kernels index rows directly
-    head_pad = _next_pow2(cache.head_dim)
+    head_pad = max(16, _next_pow2(cache.head_dim))  # tl.dot needs K >= 16
     group_pad = max(16, _next_pow2(shape.group_size))
     splits, partition, block_n = plan_decode(shape, sliding_window, num_splits, _num_sms(query.device))
     is_split = splits > 1
@@ -419,7 +420,7 @@ def paged_prefill(query, key_cache, value_cache, block_tables, context_lens, que
     cache = shape.cache
     block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
     query_start_loc = query_start_loc.contiguous()
-    head_pad = _next_pow2(cache.head_dim)
+    head_pad = max(16, _next_pow2(cache.head_dim))  # tl.dot needs K >= 16
     block_m = max(64, _next_pow2(shape.group_size))
     block_q = block_m // shape.group_size
     total_tokens = query.shape[0]
@@ -432,6 +433,6 @@ def paged_prefill(query, key_cache, value_cache, block_tables, context_lens, que
         *query.stride(), *key_cache.stride(), *value_cache.stride(), block_tables.stride(0), *out.stride(),
         HEAD_DIM=cache.head_dim, HEAD_PAD=head_pad, GROUP=shape.group_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_SIZE=cache.block_size, BLOCK_N=_tile_n(head_pad), SLIDING_WINDOW=sliding_window or 0,
-        num_warps=4, **_dot_flags(query.dtype),
+        num_warps=8 if head_pad > 128 else 4, **_dot_flags(query.dtype),
     )
     return out

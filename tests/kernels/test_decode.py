@@ -164,3 +164,10 @@ def test_plan_decode_rule():
     # A sliding window bounds the span, so a 32k table with a 256-token window never splits.
     assert plan(llama(1, 32768), 256, None, num_sms=132)[0] == 1
     assert math.isfinite(plan(llama(1, 32768), None, 64, num_sms=132)[1])
+
+
+def test_head_dim_below_16(backend, device):
+    """head_dim 8 is padded to 16 for tl.dot; the padding never reaches the output."""
+    paged = make_paged([9, 16], num_kv_heads=1, head_dim=8, block_size=8, dtype=torch.float32, device=device)
+    q = torch.randn(2, 2, 8, device=device)
+    assert_close(_run(backend, q, paged), ref_decode(q, paged), torch.float32)
