@@ -29,8 +29,9 @@ from kvsim.gpus import GPUSpec
 from kvsim.spec import ModelSpec
 from kvsim.units import GiB
 
-_NUM = r"(\d[\d,]*)"  # an integer, thousands separators allowed
-_FLOAT = r"(\d[\d,]*(?:\.\d+)?)"
+_INT = r"\d{1,3}(?:,\d{3})+(?!\d)|\d+"  # an integer, with or without thousands separators
+_NUM = f"({_INT})"
+_FLOAT = f"((?:{_INT})(?:\\.\\d+)?)"
 
 _BLOCKS = re.compile(r"#\s*(\w+) blocks:\s*" + _NUM + r"(?:\s*,\s*#\s*CPU blocks:\s*" + _NUM + r")?")
 _CONCURRENCY = re.compile(r"Maximum concurrency for\s+" + _NUM + r"\s+tokens per request:\s*" + _FLOAT + r"\s*x")

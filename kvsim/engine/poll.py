@@ -123,6 +123,8 @@ def fetch_text(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int
     except KvsimError:
         raise
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            raise KvsimError(f"{url} redirects to a URL that is not http(s); refused") from None
         hint = f" ({_PATH_HINT})" if exc.code == 404 else ""
         raise KvsimError(f"{url} answered HTTP {exc.code} {exc.reason}{hint}") from None
     except urllib.error.URLError as exc:
