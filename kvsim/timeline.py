@@ -33,6 +33,7 @@ TIMELINE_COLUMNS: dict[str, str] = {
     "prefix_query_blocks": "cumulative prompt blocks looked up in the prefix cache",
     "preemptions": "cumulative preemptions",
     "finished": "cumulative finished requests",
+    "dropped": "cumulative requests dropped because they can never fit (longer than max_len or the whole pool)",
     "kv_usage_fraction": "used / total KV blocks as an engine reports it (0-1)",
     "measured_kv_bytes": "KV bytes counted from real storage (live engine) or an engine's metrics",
     "predicted_kv_bytes": "KV bytes the calculator predicts for the same sequence lengths",
