@@ -165,7 +165,10 @@ def copy_bandwidth_cuda(do_bench) -> float:
 
 
 def run_cuda(args) -> dict:
-    from triton.testing import do_bench
+    from triton.testing import do_bench as _do_bench
+
+    def do_bench(fn, **kw):
+        return _do_bench(fn, return_mode="median", **kw)
 
     t_start = time.perf_counter()
     dtype = torch.bfloat16
@@ -353,8 +356,11 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=240.0, help="stop starting new CUDA combos after this")
     p.add_argument("--flex-budget-s", type=float, default=90.0, help="time allowed for FlexAttention compiles")
     p.add_argument("--mem-cap-gb", type=float, default=80.0, help="skip combos whose caches exceed this")
+    p.add_argument("--threads", type=int, default=0, help="CPU: torch threads (0 = torch's default)")
     p.add_argument("--torch-ref-cap-gb", type=float, default=24.0, help="skip the torch reference beyond this")
     args = p.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     result = run_cuda(args) if torch.cuda.is_available() else run_cpu(args)
     result.update(torch=torch.__version__, triton_mode=kernels.triton_mode(), python=platform.python_version())
     if args.json_out:

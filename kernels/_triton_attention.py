@@ -53,6 +53,7 @@ silently round them to TF32 (fp32 is the CPU/test dtype; on GPU use fp16/bf16).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -340,6 +341,7 @@ def _tile_n(head_pad: int) -> int:
     return 64 if head_pad <= 128 else 32
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
