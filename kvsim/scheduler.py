@@ -1,0 +1,720 @@
+"""Continuous-batching scheduler: replays a workload step by step through a memory strategy.
+
+Each engine step, in this order:
+
+1. *Arrivals*: requests that have arrived join the back of the waiting queue.
+2. *Decode*: every running sequence (in admission order) stores one more token. A paged
+   sequence crossing a block boundary takes a block (a shared, partly filled last block is
+   copied first: copy-on-write). When no block is free, the newest running request is
+   preempted by recompute: its blocks are freed and it goes back to the front of the
+   queue, to be prefilled again later with its prompt plus the tokens it had generated
+   (a request of several sequences restarts from its prompt).
+3. *Admission* (skipped in a step that preempted): waiting requests are admitted first
+   come, first served while the running sequences stay within ``max_num_seqs``, the
+   step's tokens within ``max_num_batched_tokens`` (a prompt larger than that still runs
+   when it is the step's only prefill) and memory allows. A request that can never fit
+   (final length over ``max_len``, more memory than the whole pool, more sequences than
+   ``max_num_seqs``) is dropped and reported, never waited on.
+4. The step produces one output token per running sequence (prefills their first one);
+   requests with all their tokens are freed. A request with ``P`` prompt and ``O``
+   output tokens therefore runs ``O`` steps and stores at most ``P + O - 1`` tokens.
+
+Parallel sampling (``n``) prefills the prompt once and forks ``n`` sequences that share
+its blocks. Beam search (width ``k``) does the same, and in addition, each time the beams
+cross a block boundary the last beam is replaced by a fork of the first (a stylised beam
+pruning that keeps sharing beyond the prompt).
+
+Time. Without a time model every step is one time unit: ``time_s`` is the step index and
+a trace's arrival at ``t`` seconds lands at step ``floor(t / seconds_per_step)``
+(``SchedulerConfig.seconds_per_step``, default 0.02 s, a typical decode step); the engine
+idles through steps with nothing to do. With ``step_time_fn(batch) -> seconds`` a step
+lasts what the model says, ``time_s`` is the modelled clock, a request is admitted only
+once the clock has reached its arrival, and idle gaps are skipped (no rows).
+
+Two replays give identical results: ``event_driven=False`` walks every step and every
+sequence; ``event_driven=True`` touches the pool only at block boundaries, arrivals and
+finishes (a heap of per-sequence events), counts tokens in between in closed form, and
+fills the rows of quiet steps with numpy. The tests compare both on random workloads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from kvsim.arena import Arena
+from kvsim.blockpool import BlockPool, external_block_keys
+from kvsim.errors import KvsimError
+from kvsim.strategies import PAGED, reservation_tokens
+from kvsim.workloads import Request, Workload
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batching limits and the step-to-time mapping."""
+
+    max_num_seqs: int = 256  # running sequences at most
+    max_num_batched_tokens: int = 8192  # tokens computed per step at most (prefill + decode)
+    seconds_per_step: float = 0.02  # without a time model: trace seconds per step
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise KvsimError(f"{name} must be a positive integer, got {v!r}")
+        s = self.seconds_per_step
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise KvsimError(f"seconds_per_step must be a positive number, got {s!r}")
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What one engine step computes, for a step-time model."""
+
+    step: int  # step index
+    prefill_tokens: np.ndarray  # [num_prefills] int64: prompt tokens computed (cache hits excluded)
+    prefill_cached_tokens: np.ndarray  # [num_prefills] int64: prompt tokens read from the prefix cache
+    decode_context_lens: np.ndarray  # [num_decodes] int64: tokens each decode attends to (new one included)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.prefill_tokens.sum()) + len(self.decode_context_lens)
+
+
+StepTimeFn = Callable[[StepBatch], float]
+
+
+# ----- memory backends ------------------------------------------------------------------
+
+
+class _Group:
+    """A running request (internal)."""
+
+    __slots__ = ("idx", "req", "order", "admit_step", "prompt_len", "g0", "finish_step", "sids",
+                 "regions", "res", "final", "sync", "ver", "alive", "n")
+
+    def __init__(self, idx: int, req: Request, order: int, step: int, prompt_len: int, g0: int) -> None:
+        self.idx = idx  # request index in the workload
+        self.req = req
+        self.order = order  # admission counter: running order, newest = largest
+        self.admit_step = step  # step of the prefill
+        self.prompt_len = prompt_len  # tokens stored by the prefill (prompt + regenerated outputs)
+        self.g0 = g0  # outputs generated before this admission
+        self.finish_step = step + req.output_tokens - g0 - 1
+        self.n = req.num_seqs  # sequences
+        self.sids: list[int] = []  # pool sequence ids (paged)
+        self.regions: list[int] = []  # arena region starts (reservation strategies)
+        self.res = 0  # reserved slots per sequence (reservation strategies)
+        self.final = req.final_len  # final length per sequence
+        self.sync = [step] * self.n  # step up to which each sequence's tokens are in the pool
+        self.ver = [0] * self.n  # event versions (stale heap entries are skipped)
+        self.alive = True
+
+
+class PagedMemory:
+    """Paged blocks from a :class:`BlockPool`."""
+
+    kind = PAGED
+
+    def __init__(self, num_blocks: int, block_size: int, bytes_per_token: int, *,
+                 prefix_caching: bool = False, hash_block_size: int | None = None) -> None:
+        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+        self.block_size = block_size
+        self.bytes_per_token = bytes_per_token
+        self.block_bytes = block_size * bytes_per_token
+        self.capacity_bytes = num_blocks * self.block_bytes
+        self.prefix_caching = prefix_caching
+        self.hash_block_size = hash_block_size
+        self._keys: dict[int, list | None] = {}
+        self._next_sid = 0
+
+    def peak_blocks(self, req: Request) -> int:
+        """Blocks the request holds at most when running alone (prompt full blocks shared)."""
+        B = self.block_size
+        shared = req.prompt_tokens // B if req.num_seqs > 1 else 0
+        return shared + req.num_seqs * (-(-req.final_len // B) - shared)
+
+    def drop_reason(self, req: Request) -> str | None:
+        need = self.peak_blocks(req)
+        if need > self.pool.num_blocks:
+            return f"needs {need} blocks, the pool has {self.pool.num_blocks}"
+        return None
+
+    def keys(self, idx: int, req: Request) -> list | None:
+        if not self.prefix_caching:
+            return None
+        if idx not in self._keys:
+            B = self.block_size
+            if req.block_hashes is not None:
+                if self.hash_block_size is None:
+                    raise KvsimError("the workload has block hashes but no hash block size")
+                k = external_block_keys(req.block_hashes, self.hash_block_size, B, req.prompt_tokens)
+            else:
+                shared = req.shared_prefix_tokens // B
+                k = [("p", req.prefix_group, i) for i in range(shared)]
+                k += [("r", idx, i) for i in range(shared, req.prompt_tokens // B)]
+            self._keys[idx] = k
+        return self._keys[idx]
+
+    def cached_tokens(self, g_idx: int, req: Request, prompt_len: int) -> int:
+        if not self.prefix_caching:
+            return 0
+        return self.pool.cached_prefix_blocks(prompt_len, self.keys(g_idx, req)) * self.block_size
+
+    def admit(self, g: _Group) -> bool:
+        pool = self.pool
+        keys = self.keys(g.idx, g.req)
+        if not pool.can_allocate(g.prompt_len, keys):
+            return False
+        sid = self._next_sid
+        self._next_sid += g.n
+        pool.allocate(sid, g.prompt_len, block_keys=keys)
+        for m in range(1, g.n):
+            pool.fork(sid, sid + m)
+        g.sids = list(range(sid, sid + g.n))
+        return True
+
+    def free(self, g: _Group) -> None:
+        for sid in g.sids:
+            self.pool.free(sid)
+
+    def needs_cow_next(self, sid: int, stored: int) -> bool:
+        """Whether the sequence's next append copies a shared, partly filled block."""
+        return stored % self.block_size != 0 and self.pool.ref_count(self.pool._seqs[sid].table[-1]) > 1
+
+
+class ArenaMemory:
+    """Contiguous reservations from a first-fit :class:`Arena`."""
+
+    def __init__(self, strategy: str, capacity_tokens: int, bytes_per_token: int, max_len: int) -> None:
+        self.kind = strategy
+        self.arena = Arena(capacity_tokens)
+        self.bytes_per_token = bytes_per_token
+        self.capacity_bytes = capacity_tokens * bytes_per_token
+        self.max_len = max_len
+        self.reserved_slots = 0  # sum of reservations
+        self.final_slots = 0  # sum of final lengths of running sequences
+
+    def reservation(self, req: Request) -> int:
+        return reservation_tokens(self.kind, req.final_len, self.max_len)
+
+    def drop_reason(self, req: Request) -> str | None:
+        need = self.reservation(req) * req.num_seqs
+        if need > self.arena.capacity:
+            return f"reserves {need} token slots, the arena has {self.arena.capacity}"
+        return None
+
+    def admit(self, g: _Group) -> bool:
+        R = self.reservation(g.req)
+        starts = []
+        for _ in range(g.n):
+            s = self.arena.allocate(R)
+            if s is None:
+                for s2 in reversed(starts):
+                    self.arena.free(s2)
+                return False
+            starts.append(s)
+        g.regions = starts
+        g.res = R
+        self.reserved_slots += R * g.n
+        self.final_slots += g.final * g.n
+        return True
+
+    def free(self, g: _Group) -> None:
+        for s in g.regions:
+            self.arena.free(s)
+        self.reserved_slots -= g.res * g.n
+        self.final_slots -= g.final * g.n
+
+
+# ----- the engine -------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayLog:
+    """Raw output of a replay: per-step columns and per-request outcomes."""
+
+    rows: dict[str, list]  # Timeline columns, one entry per step
+    first_step: np.ndarray  # [num_requests] step of the first prefill (-1: never)
+    finish_step: np.ndarray  # [num_requests] step the request finished (-1: never)
+    preempted: np.ndarray  # [num_requests] times the request was preempted
+    drop_reasons: dict[int, str] = field(default_factory=dict)  # request index -> why dropped
+    step_end_s: np.ndarray | None = None  # [steps] modelled clock at the end of each step (time model)
+
+
+_ROW_KEYS = ("step", "running", "waiting", "live_tokens", "allocated_bytes", "reserved_bytes",
+             "internal_frag_bytes", "external_frag_bytes", "free_bytes", "shared_saved_bytes",
+             "prefix_hit_blocks", "prefix_query_blocks", "preemptions", "finished", "dropped", "slope")
+
+
+class Engine:
+    """One replay of a workload through a memory backend (use :func:`replay`)."""
+
+    def __init__(self, workload: Workload, memory, config: SchedulerConfig, max_len: int,
+                 step_time_fn: StepTimeFn | None, progress: Callable[[float], None] | None) -> None:
+        self.w = workload
+        self.reqs = workload.requests
+        self.mem = memory
+        self.paged = isinstance(memory, PagedMemory)
+        self.cfg = config
+        self.max_len = max_len
+        self.fn = step_time_fn
+        self.progress = progress
+        n = len(self.reqs)
+        self.arrival_s = np.array([r.arrival_s for r in self.reqs], dtype=float)
+        if step_time_fn is None:
+            steps = np.floor(self.arrival_s / config.seconds_per_step + 1e-9).astype(np.int64)
+            self.arrival_step = steps.tolist()
+        self.first_step = np.full(n, -1, dtype=np.int64)
+        self.finish_step = np.full(n, -1, dtype=np.int64)
+        self.preempted = np.zeros(n, dtype=np.int64)
+        self.drop_reasons: dict[int, str] = {}
+        self.waiting: deque = deque()  # (request index, outputs already generated)
+        self.running: list[_Group] = []  # admission order
+        self.num_running_seqs = 0
+        self.order = 0
+        self.a_ptr = 0
+        self.preemptions = 0
+        self.finished = 0
+        self.dropped = 0
+        self.rows: dict[str, list] = {k: [] for k in _ROW_KEYS}
+        self.times: list[float] = []
+        self.clock = 0.0
+        # lazy token accounting: stored tokens = synced (pool or arena counter) + M * t - S
+        self.M = 0  # running sequences
+        self.S = 0  # sum over running sequences of their sync step
+        self.synced_tokens = 0  # arena: tokens counted at sync steps
+        self._last_progress = -1.0
+        self._events = False  # event-driven replay schedules heap entries on admission
+        self._ctx_dirty = True
+
+    # ----- shared pieces ---------------------------------------------------------------
+
+    def _drop_reason(self, req: Request) -> str | None:
+        if req.final_len > self.max_len:
+            return f"final length {req.final_len} exceeds max_len {self.max_len}"
+        if req.num_seqs > self.cfg.max_num_seqs:
+            return f"{req.num_seqs} sequences exceed max_num_seqs {self.cfg.max_num_seqs}"
+        return self.mem.drop_reason(req)
+
+    def _arrivals(self, t: int) -> bool:
+        """Move arrived requests to the waiting queue; whether any arrived."""
+        moved = False
+        n = len(self.reqs)
+        if self.fn is None:
+            while self.a_ptr < n and self.arrival_step[self.a_ptr] <= t:
+                self.waiting.append((self.a_ptr, 0))
+                self.a_ptr += 1
+                moved = True
+        else:
+            while self.a_ptr < n and self.arrival_s[self.a_ptr] <= self.clock:
+                self.waiting.append((self.a_ptr, 0))
+                self.a_ptr += 1
+                moved = True
+        return moved
+
+    def _preempt_newest(self, t: int, lazy: bool) -> _Group:
+        g = self.running.pop()
+        g.alive = False
+        self.mem.free(g)
+        self._remove_counts(g, t, lazy)
+        self.num_running_seqs -= g.n
+        self.preemptions += 1
+        self.preempted[g.idx] += 1
+        # outputs generated so far: g0 + 1 at the prefill step, one more per step since
+        done = g.g0 + (t - g.admit_step)
+        self.waiting.appendleft((g.idx, done if g.n == 1 else 0))
+        return g
+
+    def _remove_counts(self, g: _Group, t: int, lazy: bool) -> None:
+        if not self.paged:
+            self.synced_tokens -= sum(g.prompt_len + (s - g.admit_step) for s in g.sync)
+        self.M -= g.n
+        self.S -= sum(g.sync)
+
+    def _admit(self, t: int, budget: int, lazy: bool, prefills: list, cached_list: list) -> tuple[bool, bool]:
+        """Admission phase; returns (admitted any, dropped any)."""
+        admitted = dropped = False
+        cfg = self.cfg
+        while self.waiting:
+            idx, done = self.waiting[0]
+            req = self.reqs[idx]
+            reason = self._drop_reason(req)
+            if reason is not None:
+                self.waiting.popleft()
+                self.drop_reasons[idx] = reason
+                self.dropped += 1
+                dropped = True
+                continue
+            if self.num_running_seqs + req.num_seqs > cfg.max_num_seqs:
+                break
+            prompt_len = req.prompt_tokens + done
+            cached = self.mem.cached_tokens(idx, req, prompt_len) if self.paged else 0
+            compute = prompt_len - cached
+            if prefills and compute > budget:
+                break
+            g = _Group(idx, req, self.order, t, prompt_len, done)
+            if not self.mem.admit(g):
+                break
+            self.order += 1
+            self.waiting.popleft()
+            self.running.append(g)
+            self.num_running_seqs += g.n
+            self.M += g.n
+            self.S += t * g.n
+            if not self.paged:
+                self.synced_tokens += prompt_len * g.n
+            budget -= compute
+            prefills.append(compute)
+            cached_list.append(cached)
+            if self.first_step[idx] < 0:
+                self.first_step[idx] = t
+            admitted = True
+            self._on_admit(g, t)
+        return admitted, dropped
+
+
+    def _finish(self, g: _Group, t: int) -> None:
+        g.alive = False
+        self.mem.free(g)
+        self._remove_counts(g, t, True)
+        self.num_running_seqs -= g.n
+        self.finished += 1
+        self.finish_step[g.idx] = t
+
+    def _stored_tokens(self, t: int) -> int:
+        if self.paged:
+            return self.mem.pool.num_live_tokens + self.M * t - self.S
+        return self.synced_tokens + self.M * t - self.S
+
+    def _record(self, t: int) -> None:
+        r = self.rows
+        mem = self.mem
+        bpt = mem.bytes_per_token
+        live = self._stored_tokens(t)
+        if self.paged:
+            pool = mem.pool
+            alloc = pool.num_used_blocks * mem.block_bytes
+            reserved = 0
+            internal = alloc - live * bpt
+            external = 0
+            free = mem.capacity_bytes - alloc
+            saved = (pool.num_table_refs - pool.num_used_blocks) * mem.block_bytes
+            hits, queries = pool.prefix_hit_blocks, pool.prefix_query_blocks
+        else:
+            alloc = mem.reserved_slots * bpt
+            reserved = (mem.final_slots - live) * bpt
+            internal = (mem.reserved_slots - mem.final_slots) * bpt
+            if self.waiting:
+                head = self.reqs[self.waiting[0][0]]
+                external = mem.arena.unusable_slots(mem.reservation(head)) * bpt
+            else:
+                external = 0
+            free = mem.capacity_bytes - alloc - external
+            saved = hits = queries = 0
+        r["step"].append(t)
+        r["running"].append(self.num_running_seqs)
+        r["waiting"].append(len(self.waiting))
+        r["live_tokens"].append(live)
+        r["allocated_bytes"].append(alloc)
+        r["reserved_bytes"].append(reserved)
+        r["internal_frag_bytes"].append(internal)
+        r["external_frag_bytes"].append(external)
+        r["free_bytes"].append(free)
+        r["shared_saved_bytes"].append(saved)
+        r["prefix_hit_blocks"].append(hits)
+        r["prefix_query_blocks"].append(queries)
+        r["preemptions"].append(self.preemptions)
+        r["finished"].append(self.finished)
+        r["dropped"].append(self.dropped)
+        r["slope"].append(self.M)
+
+    def _step_time(self, t: int, prefills: list, cached: list, decode_ctx) -> None:
+        if self.fn is None:
+            return
+        batch = StepBatch(t, np.asarray(prefills, dtype=np.int64), np.asarray(cached, dtype=np.int64),
+                          np.asarray(decode_ctx, dtype=np.int64))
+        dt = self.fn(batch)
+        try:
+            dt = float(dt)
+        except (TypeError, ValueError):
+            raise KvsimError(f"step_time_fn returned {dt!r}, not a number of seconds") from None
+        if not math.isfinite(dt) or dt < 0:
+            raise KvsimError(f"step_time_fn returned {dt!r}; a step time must be finite and >= 0")
+        self.clock += dt
+        self.times.append(self.clock)
+
+    def _report(self, t: int) -> None:
+        if self.progress is None:
+            return
+        frac = (self.finished + self.dropped) / len(self.reqs)
+        if frac - self._last_progress >= 0.01 or frac >= 1.0:
+            self._last_progress = frac
+            self.progress(min(1.0, frac))
+
+    def _done(self) -> bool:
+        return not self.running and not self.waiting and self.a_ptr >= len(self.reqs)
+
+    def _idle_jump(self, t: int) -> int | None:
+        """Nothing to run: the step (or clock) of the next arrival; None when all done."""
+        if self.a_ptr >= len(self.reqs):
+            return None
+        if self.fn is None:
+            return self.arrival_step[self.a_ptr]
+        self.clock = max(self.clock, float(self.arrival_s[self.a_ptr]))
+        return t
+
+    # ----- plain replay: every step, every sequence ------------------------------------
+
+    def run_steps(self) -> ReplayLog:
+        t = 0
+        mem = self.mem
+        while True:
+            self._arrivals(t)
+            if not self.running and not self.waiting:
+                nxt = self._idle_jump(t)
+                if nxt is None:
+                    break
+                if self.fn is None:
+                    while t < nxt:  # the engine ticks with nothing to do
+                        self._record(t)
+                        t += 1
+                continue
+            preempted = False
+            decode: list[tuple[_Group, int]] = []
+            i = 0
+            while i < len(self.running):
+                g = self.running[i]
+                gone = False
+                crossed = False
+                for m in range(g.n):
+                    if self.paged:
+                        sid = g.sids[m]
+                        pool = mem.pool
+                        need = pool.append_slots_needed(sid, 1)
+                        while need > pool.num_free_blocks:
+                            victim = self._preempt_newest(t, lazy=False)
+                            preempted = True
+                            if victim is g:
+                                gone = True
+                                break
+                        if gone:
+                            break
+                        if pool.num_tokens(sid) % mem.block_size == 0:
+                            crossed = True
+                        pool.append_tokens(sid, 1)
+                        self.S += 1  # synced one more step
+                        g.sync[m] = t
+                    else:
+                        self.synced_tokens += 1
+                        self.S += 1
+                        g.sync[m] = t
+                    decode.append((g, g.prompt_len + t - g.admit_step))
+                if gone:
+                    break  # g was the newest: nothing after it
+                if crossed and g.req.beam_width > 1:
+                    self._refork(g)
+                i += 1
+            decode_ctx = [c for gg, c in decode if gg.alive]
+            prefills: list[int] = []
+            cached: list[int] = []
+            admitted = dropped = False
+            if not preempted:
+                budget = self.cfg.max_num_batched_tokens - len(decode_ctx)
+                admitted, dropped = self._admit(t, budget, False, prefills, cached)
+            self._step_time(t, prefills, cached, decode_ctx)
+            for g in [g for g in self.running if g.finish_step == t]:
+                self.running.remove(g)
+                self._finish(g, t)
+            self._record(t)
+            self._report(t)
+            t += 1
+        return self._log()
+
+    def _refork(self, g: _Group) -> None:
+        """Beam search: the last beam becomes a copy of the first (all blocks shared)."""
+        pool = self.mem.pool
+        last = g.sids[-1]
+        pool.free(last)
+        pool.fork(g.sids[0], last)
+
+    # ----- event-driven replay ---------------------------------------------------------
+
+    def run_events(self) -> ReplayLog:
+        heap: list = []  # (step, order, member, version): a paged sequence's next pool operation
+        fin: list = []  # (step, order): a request's last step
+        groups: dict[int, _Group] = {}
+        self._heap, self._fin, self._groups = heap, fin, groups
+        self._events = True
+        timed = self.fn is not None
+        n_req = len(self.reqs)
+        t = 0
+        forced: int | None = 0 if not timed else None  # step 0 is always recorded
+        self._ctx_dirty = True
+        ctx_base = np.zeros(0, dtype=np.int64)
+        while True:
+            if not timed:
+                # jump to the next step where anything can happen
+                while heap and not self._valid(heap[0]):
+                    heapq.heappop(heap)
+                cand = [t if forced is None else forced]
+                if forced is None:
+                    cand = []
+                if heap:
+                    cand.append(heap[0][0])
+                if fin:
+                    cand.append(fin[0][0])
+                if self.a_ptr < n_req:
+                    cand.append(self.arrival_step[self.a_ptr])
+                if not cand:
+                    break
+                t = max(min(cand), t)
+            arrived = self._arrivals(t)
+            if not self.running and not self.waiting:
+                if self.a_ptr >= n_req:
+                    break
+                if not timed:
+                    self._record(t)  # an idle step; the quiet ones after it are filled in later
+                    t += 1
+                else:
+                    self._idle_jump(t)
+                continue
+            is_event = (not timed) or arrived or forced == t or bool(heap and heap[0][0] <= t) \
+                or bool(fin and fin[0][0] <= t)
+            forced = None
+            prefills: list[int] = []
+            cached: list[int] = []
+            preempted = admitted = dropped = finished_any = False
+            if is_event:
+                preempted = self._event_decode(t)
+                if not preempted:
+                    budget = self.cfg.max_num_batched_tokens - self.M
+                    admitted, dropped = self._admit(t, budget, True, prefills, cached)
+            if timed:
+                if self._ctx_dirty:
+                    ctx_base = self._build_ctx_base(t)
+                    self._ctx_dirty = False
+                self._step_time(t, prefills, cached, ctx_base + t)
+                if admitted:
+                    self._ctx_dirty = True  # the new requests decode from the next step
+            while fin and fin[0][0] <= t:
+                _, order = heapq.heappop(fin)
+                g = groups.pop(order, None)
+                if g is None or not g.alive:
+                    continue
+                self.running.remove(g)
+                self._finish(g, t)
+                finished_any = True
+                self._ctx_dirty = True
+            if self.waiting and (admitted or preempted or finished_any or dropped):
+                forced = t + 1
+            self._record(t)
+            self._report(t)
+            t += 1
+            if self._done():
+                break
+        return self._log()
+
+    def _valid(self, entry) -> bool:
+        _, order, m, ver = entry
+        g = self._groups.get(order)
+        return g is not None and g.ver[m] == ver
+
+    def _on_admit(self, g: _Group, t: int) -> None:
+        if not self._events:
+            return
+        self._groups[g.order] = g
+        heapq.heappush(self._fin, (g.finish_step, g.order))
+        if self.paged:
+            for m in range(g.n):
+                self._schedule(g, m, t)
+
+    def _schedule(self, g: _Group, m: int, t: int) -> None:
+        """Push the next step at which sequence ``m`` of ``g`` touches the pool."""
+        stored = g.prompt_len + (t - g.admit_step)
+        if self.mem.needs_cow_next(g.sids[m], stored):
+            nxt = t + 1
+        else:
+            nxt = t + 1 + ((-stored) % self.mem.block_size)
+        g.ver[m] += 1
+        if nxt <= g.finish_step:
+            heapq.heappush(self._heap, (nxt, g.order, m, g.ver[m]))
+
+    def _event_decode(self, t: int) -> bool:
+        """Pool operations of the sequences due at step ``t``; whether anything was preempted."""
+        if not self.paged:
+            return False
+        heap = self._heap
+        pool = self.mem.pool
+        B = self.mem.block_size
+        preempted = False
+        while heap and heap[0][0] <= t:
+            entry = heapq.heappop(heap)
+            if not self._valid(entry):
+                continue
+            _, order, m, _ = entry
+            g = self._groups[order]
+            sid = g.sids[m]
+            k = t - g.sync[m]  # tokens since the last sync, this step's included
+            need = pool.append_slots_needed(sid, k)
+            gone = False
+            while need > pool.num_free_blocks:
+                victim = self._preempt_newest(t, lazy=True)
+                self._groups.pop(victim.order, None)
+                preempted = True
+                if victim is g:
+                    gone = True
+                    break
+            if gone:
+                continue
+            crossed = (pool.num_tokens(sid) + k - 1) % B == 0
+            pool.append_tokens(sid, k)
+            self.S += k
+            g.sync[m] = t
+            self._schedule(g, m, t)
+            if crossed and g.req.beam_width > 1 and m == g.n - 1:
+                self._refork(g)  # every beam crossed at this step; the first is synced already
+                self._schedule(g, 0, t)
+                self._schedule(g, m, t)
+        if preempted:
+            self._ctx_dirty = True
+        return preempted
+
+    def _build_ctx_base(self, t: int) -> np.ndarray:
+        """Per decoding sequence, in batch order: context length minus the step index."""
+        base: list[int] = []
+        for g in self.running:
+            if g.admit_step < t:
+                base.extend([g.prompt_len - g.admit_step] * g.n)
+        return np.asarray(base, dtype=np.int64)
+
+    def _log(self) -> ReplayLog:
+        rows = {k: np.asarray(v, dtype=np.int64) for k, v in self.rows.items()}
+        steps = rows["step"]
+        if steps.size and (steps[-1] + 1 != steps.size):
+            # event-driven without a time model: fill the quiet steps between recorded ones;
+            # nothing changes there except that every running sequence stores one token a step
+            gaps = np.diff(np.append(steps, steps[-1] + 1))
+            src = np.repeat(np.arange(steps.size), gaps)
+            full = np.arange(steps[-1] + 1)
+            off = full - steps[src]
+            grow = rows["slope"][src] * off
+            rows = {k: v[src] for k, v in rows.items()}
+            rows["step"] = full
+            rows["live_tokens"] = rows["live_tokens"] + grow
+            bpt = self.mem.bytes_per_token
+            if self.paged:
+                rows["internal_frag_bytes"] = rows["internal_frag_bytes"] - grow * bpt
+            else:
+                rows["reserved_bytes"] = rows["reserved_bytes"] - grow * bpt
+        assert steps.size == 0 or steps[0] == 0
+        return ReplayLog(
+            rows=rows, first_step=self.first_step, finish_step=self.finish_step,
+            preempted=self.preempted, drop_reasons=self.drop_reasons,
+            step_end_s=np.asarray(self.times, dtype=float) if self.fn is not None else None,
+        )
