@@ -37,6 +37,7 @@ TIMELINE_COLUMNS: dict[str, str] = {
     "kv_usage_fraction": "used / total KV blocks as an engine reports it (0-1)",
     "measured_kv_bytes": "KV bytes counted from real storage (live engine) or an engine's metrics",
     "predicted_kv_bytes": "KV bytes the calculator predicts for the same sequence lengths",
+    "predicted_live_bytes": "bytes of written K/V the calculator predicts for the same sequence lengths (compare with live_bytes; live engine)",
     "preemptions_per_s": "preemptions per second over the interval ending at this row (rate of a counter; NaN on the first row or after a counter reset)",
     "prefix_hit_rate": "prefix-cache hits / lookups over the interval ending at this row, 0-1 (rates of the engine's counters, or its own hit-rate gauge)",
     "step_time_s": "duration of the step, seconds",
