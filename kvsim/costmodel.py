@@ -283,19 +283,63 @@ class CostModel:
         return self.step_cost(**kwargs).time_s
 
     def __call__(self, batch: Any) -> float:
-        """``step_time_fn`` for the scheduler: seconds for a :class:`StepBatch`-like object.
-
-        Reads ``prefill_tokens``, ``prefill_cached`` (or ``prefill_context``) and
-        ``decode_context`` attributes.
+        """``step_time_fn`` for the scheduler: seconds for a :class:`kvsim.scheduler.StepBatch`
+        (``prefill_tokens``, ``prefill_cached_tokens``, ``decode_context_lens``); the
+        shorter names ``prefill_cached`` / ``decode_context`` are read too. Chunks that
+        compute no token (a prompt wholly served from the prefix cache) cost nothing here.
         """
-        prefill_cached = getattr(batch, "prefill_cached", None)
-        if prefill_cached is None:
-            prefill_cached = getattr(batch, "prefill_context", None)
-        return self.step_cost(
-            prefill_tokens=getattr(batch, "prefill_tokens", ()),
-            prefill_cached=prefill_cached,
-            decode_context=getattr(batch, "decode_context", ()),
-        ).time_s
+        q = np.asarray(_attr(batch, "prefill_tokens", "prefill_tokens"), dtype=np.int64).reshape(-1)
+        p = _attr(batch, "prefill_cached_tokens", "prefill_cached")
+        p = np.zeros_like(q) if p is None else np.asarray(p, dtype=np.int64).reshape(-1)
+        c = np.asarray(_attr(batch, "decode_context_lens", "decode_context"), dtype=np.int64).reshape(-1)
+        if p.shape != q.shape:
+            raise KvsimError(f"{q.size} prefill chunks but {p.size} cached prefix lengths")
+        if q.size:
+            keep = q > 0
+            if not keep.all():
+                q, p = q[keep], p[keep]
+            if q.size and (int(q.min()) < 0 or int(p.min()) < 0):
+                raise KvsimError("a step batch has negative prefill token counts")
+        if c.size and int(c.min()) < 1:
+            raise KvsimError("a step batch has a decode context below 1")
+        return self._time_fast(q, p, c)
+
+    def _time_fast(self, q: np.ndarray, p: np.ndarray, c: np.ndarray) -> float:
+        """``_cost(q, p, c).time_s`` with as few numpy reductions as possible: the simulator
+        calls this once per step (tests check it against :meth:`step_cost`)."""
+        L = self._layer
+        num_decode = int(c.size)
+        tokens = num_decode + (int(q.sum()) if q.size else 0)
+        if tokens == 0:
+            return 0.0
+        kv_read = 0
+        attn_flops = 0
+        sum_c = int(c.sum()) if num_decode else 0
+        for kind, per_token, flops_per_pair in L["kinds"]:
+            if kind == SLIDING:
+                W = int(self.spec.sliding_window)
+                keys = int(np.minimum(c, W).sum()) if num_decode else 0
+                pairs = keys
+                if q.size:
+                    end = p + q
+                    keys += int(np.minimum(end, W + q - 1).sum())
+                    pairs += int(_sum_min(p + 1, end, W).sum())
+            else:
+                keys = pairs = sum_c
+                if q.size:
+                    keys += int((p + q).sum())
+                    pairs += int((q * p + q * (q + 1) // 2).sum())
+            kv_read += keys * per_token
+            attn_flops += pairs * flops_per_pair
+        kv_write = tokens * L["bytes_per_token"]
+        tp = self.tp
+        touched = min(L["params"], L["active"] * tokens)
+        weight_bytes = math.ceil(touched * L["weight_bytes_per_param"] / tp)
+        act_bytes = math.ceil(tokens * L["act_bytes_per_token"] / tp)
+        linear_flops = 2 * L["active"] * tokens // tp
+        bw, fl = L["bw"], L["flops"]
+        return (max((weight_bytes + act_bytes) / bw, linear_flops / fl)
+                + max((kv_read + kv_write) / bw, attn_flops / fl) + float(self.step_overhead_s))
 
     def _cost(self, q: np.ndarray, p: np.ndarray, c: np.ndarray) -> StepCost:
         L = self._layer
@@ -345,6 +389,13 @@ class CostModel:
             linear_bound=lin_bound, attention_bound=att_bound,
             bound=MEMORY if mem_t >= cmp_t else COMPUTE,
         )
+
+
+def _attr(batch: Any, name: str, alias: str) -> Any:
+    value = getattr(batch, name, None)
+    if value is None:
+        value = getattr(batch, alias, None)
+    return () if value is None and name != "prefill_cached_tokens" else value
 
 
 def _estimate_params(spec: ModelSpec) -> int:

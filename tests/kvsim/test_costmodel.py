@@ -360,3 +360,17 @@ def test_compare_step_times_puts_prediction_beside_measurement():
     assert set(tl.columns) == {"step", "time_s", "step_time_s", "source"}
     with pytest.raises(KvsimError):
         compare_step_times(m, [{"decode_context": [4], "step_time_s": -1.0}])
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from(MODELS), decode=contexts, prefill=prefills, overhead=st.sampled_from([0.0, 0.003]))
+def test_step_time_fn_matches_step_cost(model, decode, prefill, overhead):
+    """The scheduler's fast path gives the same seconds as the full StepCost."""
+    from kvsim.scheduler import StepBatch
+
+    m = CostModel(get_preset(model), A100_40, step_overhead_s=overhead)
+    q = [a for a, _ in prefill]
+    p = [b for _, b in prefill]
+    batch = StepBatch(0, np.array(q, dtype=np.int64), np.array(p, dtype=np.int64), np.array(decode, dtype=np.int64))
+    expected = m.step_cost(prefill_tokens=q, prefill_cached=p, decode_context=decode).time_s
+    assert m(batch) == pytest.approx(expected, rel=1e-12, abs=0)
