@@ -14,6 +14,7 @@ PAGES = [
     st.Page("pages/calculator.py", title="Calculator", icon=":material/calculate:", default=True),
     st.Page("pages/cost.py", title="Cost", icon=":material/speed:"),
     st.Page("pages/engine.py", title="Engine", icon=":material/monitoring:"),
+    st.Page("pages/live.py", title="Live", icon=":material/play_circle:"),
     # One line per page; keep the order a newcomer would read them in.
 ]
 

@@ -1,0 +1,82 @@
+"""Live page in AppTest: a run draws measured beside predicted KV with titles and axis titles,
+a pool too small shows preemptions instead of failing, bad input is an st.error that keeps
+the last result on screen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+def _open() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.switch_page("pages/live.py").run()
+    assert not at.exception
+    return at
+
+
+def _charts(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _set_small(at: AppTest) -> None:
+    at.number_input(key="live_requests").set_value(6)
+    at.text_input(key="live_prompt").set_value("uniform:8:40")
+    at.text_input(key="live_output").set_value("uniform:8:24")
+
+
+def test_live_page_runs_and_draws_measured_beside_predicted():
+    at = _open()
+    assert not at.get("plotly_chart")  # nothing is run before the button
+    _set_small(at)
+    at.button(key="live_run").click().run()
+    assert not at.exception and not at.error
+    charts = _charts(at)
+    assert len(charts) >= 2
+    for fig in charts:
+        assert fig["layout"]["title"]["text"]
+        assert fig["layout"]["xaxis"]["title"]["text"] and fig["layout"]["yaxis"]["title"]["text"]
+    kv = charts[0]
+    names = {t["name"]: t for t in kv["data"]}
+    measured, predicted = names["paged: measured blocks in use"], names["paged: predicted (calculator)"]
+    assert measured["y"] == predicted["y"] and max(measured["y"]) > 0
+    assert "contiguous: measured reservations" in names
+    m = _metrics(at)
+    assert m["Tokens match contiguous"] == "yes"
+    assert m["Finished requests"] == "6 / 6"
+    assert m["Worst step difference"] == "0 B"
+    assert len(at.caption) >= 3
+    assert len(at.get("download_button")) == 2
+
+
+def test_small_pool_preempts_and_bad_input_keeps_the_result():
+    at = _open()
+    _set_small(at)
+    at.checkbox(key="live_auto_pool").uncheck().run()
+    at.number_input(key="live_blocks").set_value(5)
+    at.button(key="live_run").click().run()
+    assert not at.exception and not at.error
+    m = _metrics(at)
+    assert int(m["Preemptions"]) > 0
+    assert m["Finished requests"] == "6 / 6"
+    assert m["Worst step difference"] == "0 B"
+    # a bad length spec: one-line error, previous charts still shown
+    at.text_input(key="live_prompt").set_value("uniform:40:8")
+    at.button(key="live_run").click().run()
+    assert not at.exception
+    assert at.error and "uniform" in at.error[0].value
+    assert at.get("plotly_chart")
+    # a pool that cannot hold even one request: an error, not a crash
+    at.text_input(key="live_prompt").set_value("uniform:8:40")
+    at.number_input(key="live_blocks").set_value(1)
+    at.button(key="live_run").click().run()
+    assert not at.exception
+    assert at.error and "pool" in at.error[0].value
