@@ -20,7 +20,7 @@ LATENCY_COLOR = "#d9480f"
 THROUGHPUT_COLOR = "#2f6db5"
 STRATEGY_COLORS = {
     "paged": "#2f6db5", "reserve-max": "#d9480f", "reserve-pow2": "#f59f00", "oracle": "#2b8a3e",
-    "reserve-oracle": "#2b8a3e", "power-of-two": "#f59f00",
+    "pow2": "#f59f00", "paged+prefix": "#5f3dc4",
 }
 
 
