@@ -16,13 +16,13 @@ share one (a forked sample, a cached prompt prefix):
 - :meth:`BlockPool.free` drops a sequence's references; blocks whose count reaches zero go
   back to the free queue.
 
-Free queue. Free blocks sit in an intrusive doubly linked list (``_prev``/``_next`` arrays
-indexed by block id, with a sentinel), so popping the head, appending at the tail and
-removing a block from the middle are all O(1): a prefix-cache hit on a free cached block
-must pull it out of the middle of the queue, which a ``deque.remove`` would make O(n).
-Blocks are taken from the head. Freed blocks that hold a cached prefix go to the tail (so
-the least recently used cached block is evicted first); freed blocks with nothing worth
-keeping go to the head (reused first, so they do not push cached blocks out).
+Free queue. Free blocks are handed out in a fixed order: first those holding nothing worth
+keeping (a stack, so the most recently freed is reused first), then free blocks that still
+hold a cached prefix, least recently freed first (an ``OrderedDict`` used as an LRU list).
+Popping, appending and removing a cached block from the middle of the queue (a prefix-cache
+hit on a free block, which must take it out of the queue) are all O(1); a ``deque.remove``
+would make that last one O(n). Keeping uncached blocks in front means a cached prefix is
+evicted only when nothing else is free.
 
 Prefix caching. A full block's key covers its tokens *and* its parent's key (a hash
 chain), so equal keys mean an equal token prefix. Keys come from token ids
@@ -40,10 +40,17 @@ references, the free queue and the cache map agree).
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
+from itertools import repeat
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
 
 from kvsim.errors import KvsimError
+
+
+def _consume(it) -> None:
+    """Run an iterator to the end without keeping anything (a C-speed for loop)."""
+    deque(it, maxlen=0)
 
 
 class PoolExhausted(KvsimError):
@@ -78,11 +85,12 @@ class AllocResult:
 class _Seq:
     """A sequence's block table and length (internal)."""
 
-    __slots__ = ("table", "num_tokens")
+    __slots__ = ("table", "num_tokens", "exclusive")
 
-    def __init__(self, table: list[int], num_tokens: int) -> None:
+    def __init__(self, table: list[int], num_tokens: int, exclusive: bool = False) -> None:
         self.table = table  # physical block id per logical block
         self.num_tokens = num_tokens  # tokens stored
+        self.exclusive = exclusive  # every block has reference count 1 and no cache key
 
 
 def token_block_keys(token_ids: Sequence[int], block_size: int, parent: Hashable = None) -> list[Hashable]:
@@ -152,22 +160,17 @@ class BlockPool:
         self.block_size = block_size  # token slots per block
         self.enable_prefix_caching = bool(enable_prefix_caching)
         n = num_blocks
-        self._ref = [0] * n  # reference count per block
-        self._filled = [0] * n  # token slots written per block
+        self._ref = [0] * n  # reference count per block (0: in the free queue)
         self._key: list[Hashable] = [None] * n  # prefix-cache key held by the block, or None
         self._cached: dict[Hashable, int] = {}  # key -> block holding it
         self._seqs: dict[int, _Seq] = {}
-        # Free queue: intrusive doubly linked list, sentinel index n.
-        self._prev = [0] * (n + 1)
-        self._next = [0] * (n + 1)
-        self._in_free = [True] * n
+        # Free queue, in two parts (see the module docstring): a stack of blocks holding
+        # nothing worth keeping (top = next handed out) and an LRU of cached blocks.
         order = list(range(n)) if initial_free_order is None else [int(b) for b in initial_free_order]
         if sorted(order) != list(range(n)):
             raise KvsimError("initial_free_order must be a permutation of the block ids")
-        chain = [n, *order, n]
-        for a, b in zip(chain, chain[1:]):
-            self._next[a] = b
-            self._prev[b] = a
+        self._free_plain: list[int] = order[::-1]
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # first = least recently freed
         self.num_free_blocks = n  # blocks in the free queue (cached or not)
         self.num_live_tokens = 0  # written slots summed over used blocks (each block once)
         self.num_table_refs = 0  # block-table entries summed over sequences
@@ -175,55 +178,38 @@ class BlockPool:
         self.prefix_hit_blocks = 0  # of those, served from the cache
         self.num_cow_copies = 0  # copy-on-write copies made
 
-    # ----- free queue (all O(1)) -------------------------------------------------------
+    # ----- free queue (O(1) per block) ---------------------------------------------------
 
     def _unlink(self, b: int) -> None:
-        p, q = self._prev[b], self._next[b]
-        self._next[p] = q
-        self._prev[q] = p
-        self._in_free[b] = False
+        """Remove a free cached block from the middle of the LRU (a prefix-cache hit)."""
+        del self._free_cached[b]
         self.num_free_blocks -= 1
 
-    def _push_tail(self, b: int) -> None:
-        s = self.num_blocks
-        last = self._prev[s]
-        self._next[last] = b
-        self._prev[b] = last
-        self._next[b] = s
-        self._prev[s] = b
-        self._in_free[b] = True
-        self.num_free_blocks += 1
-
-    def _push_head(self, b: int) -> None:
-        s = self.num_blocks
-        first = self._next[s]
-        self._prev[first] = b
-        self._next[b] = first
-        self._prev[b] = s
-        self._next[s] = b
-        self._in_free[b] = True
-        self.num_free_blocks += 1
-
-    def _pop_free(self) -> int:
-        """Take the head of the free queue, evicting its cached key if it has one."""
-        b = self._next[self.num_blocks]
-        assert b != self.num_blocks, "free queue empty"
-        self._unlink(b)
-        key = self._key[b]
-        if key is not None:
-            del self._cached[key]
-            self._key[b] = None
-        self._ref[b] = 1
-        self._filled[b] = 0
-        return b
+    def _take(self, k: int) -> list[int]:
+        """Pop ``k`` free blocks, uncached ones first, then least recently used cached ones
+        (evicting their keys); each gets reference count 1."""
+        assert k <= self.num_free_blocks, "free queue too short"
+        plain = self._free_plain
+        if k <= len(plain):
+            out = plain[-k:] if k else []
+            del plain[len(plain) - k:]
+            out.reverse()
+        else:
+            out = plain[::-1]
+            plain.clear()
+            lru, key, cached = self._free_cached, self._key, self._cached
+            for _ in range(k - len(out)):
+                b = lru.popitem(last=False)[0]
+                del cached[key[b]]
+                key[b] = None
+                out.append(b)
+        _consume(map(self._ref.__setitem__, out, repeat(1)))  # ref[b] = 1, at C speed
+        self.num_free_blocks -= k
+        return out
 
     def free_queue(self) -> list[int]:
-        """Free block ids, head (next handed out) first."""
-        out, b, s = [], self._next[self.num_blocks], self.num_blocks
-        while b != s:
-            out.append(b)
-            b = self._next[b]
-        return out
+        """Free block ids in the order they will be handed out."""
+        return self._free_plain[::-1] + list(self._free_cached)
 
     # ----- queries ---------------------------------------------------------------------
 
@@ -261,15 +247,31 @@ class BlockPool:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def blocks(self) -> list[BlockInfo]:
-        """Every physical block with its owners, for a picture of the pool (O(total))."""
+    def _filled_by_tables(self) -> tuple[list[int], list[list[int]]]:
+        """Written slots and owners of every block, derived from the block tables."""
+        B = self.block_size
+        filled = [0] * self.num_blocks
         owners: list[list[int]] = [[] for _ in range(self.num_blocks)]
         for sid in sorted(self._seqs):
-            for b in self._seqs[sid].table:
+            s = self._seqs[sid]
+            last = len(s.table) - 1
+            for i, b in enumerate(s.table):
+                f = B if i < last else s.num_tokens - i * B
+                assert not owners[b] or filled[b] == f, f"owners of block {b} disagree on its fill"
+                filled[b] = f
                 if not owners[b] or owners[b][-1] != sid:
                     owners[b].append(sid)
+        return filled, owners
+
+    def blocks(self) -> list[BlockInfo]:
+        """Every physical block with its owners, for a picture of the pool (O(total)).
+
+        A free block shows 0 slots filled unless it still holds a cached prefix (full).
+        """
+        filled, owners = self._filled_by_tables()
         return [
-            BlockInfo(b, self._ref[b], self._filled[b] if self._ref[b] else 0, tuple(owners[b]), self._key[b] is not None)
+            BlockInfo(b, self._ref[b], filled[b] if self._ref[b] else (self.block_size if self._key[b] is not None else 0),
+                      tuple(owners[b]), self._key[b] is not None)
             for b in range(self.num_blocks)
         ]
 
@@ -333,22 +335,14 @@ class BlockPool:
             raise PoolExhausted(
                 f"sequence {seq_id!r} needs {new + hit_free} free blocks, the pool has {self.num_free_blocks}"
             )
-        table: list[int] = []
+        ref = self._ref
         for b in hit_blocks:
-            if self._ref[b] == 0:
+            if ref[b] == 0:
                 self._unlink(b)
-                self.num_live_tokens += self._filled[b]
-            self._ref[b] += 1
-            table.append(b)
-        remaining = num_tokens - hits * B
-        for _ in range(new):
-            b = self._pop_free()
-            fill = B if remaining >= B else remaining
-            self._filled[b] = fill
-            remaining -= fill
-            self.num_live_tokens += fill
-            table.append(b)
-        assert remaining == 0
+                self.num_live_tokens += B  # a cached block is full
+            ref[b] += 1
+        table = hit_blocks + self._take(new) if new else hit_blocks
+        self.num_live_tokens += num_tokens - hits * B
         if self.enable_prefix_caching:
             self.prefix_query_blocks += total
             self.prefix_hit_blocks += hits
@@ -358,7 +352,7 @@ class BlockPool:
                     if key not in self._cached:
                         self._cached[key] = table[i]
                         self._key[table[i]] = key
-        self._seqs[seq_id] = _Seq(table, num_tokens)
+        self._seqs[seq_id] = _Seq(table, num_tokens, exclusive=not self.enable_prefix_caching)
         self.num_table_refs += total
         return AllocResult(total, hits, new, hits * B)
 
@@ -380,45 +374,63 @@ class BlockPool:
         private block: the return value lists ``(src, dst)`` block pairs to copy. Raises
         :class:`PoolExhausted` (changing nothing) when the free blocks do not suffice.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if num_tokens.__class__ is not int or num_tokens < 0:
             raise KvsimError(f"number of tokens must be a non-negative integer, got {num_tokens!r}")
-        need = self.append_slots_needed(seq_id, num_tokens)
-        if need > self.num_free_blocks:
+        s = self._seqs.get(seq_id)
+        if s is None:
+            self._get(seq_id)  # raises UnknownSequence
+        B = self.block_size
+        partial = s.num_tokens % B
+        cow = partial and num_tokens > 0 and self._ref[s.table[-1]] > 1
+        remaining = num_tokens - (B - partial) if partial else num_tokens
+        new = -(-remaining // B) if remaining > 0 else 0
+        if new + cow > self.num_free_blocks:
             raise PoolExhausted(
-                f"sequence {seq_id!r} needs {need} free blocks to grow by {num_tokens} tokens, "
+                f"sequence {seq_id!r} needs {new + cow} free blocks to grow by {num_tokens} tokens, "
                 f"the pool has {self.num_free_blocks}"
             )
-        s = self._seqs[seq_id]
-        B = self.block_size
         copies: list[tuple[int, int]] = []
-        partial = s.num_tokens % B
-        if partial and num_tokens > 0:
+        if cow:  # the partly filled last block is shared: copy it first
             last = s.table[-1]
-            if self._ref[last] > 1:  # copy-on-write
-                dst = self._pop_free()
-                self._filled[dst] = self._filled[last]
-                self.num_live_tokens += self._filled[last]
-                self._ref[last] -= 1
-                s.table[-1] = dst
-                copies.append((last, dst))
-                self.num_cow_copies += 1
-                last = dst
-            take = min(B - partial, num_tokens)
-            self._filled[last] += take
-            remaining = num_tokens - take
-        else:
-            remaining = num_tokens
-        table = s.table
-        while remaining > 0:
-            b = self._pop_free()
-            fill = B if remaining >= B else remaining
-            self._filled[b] = fill
-            remaining -= fill
-            table.append(b)
-            self.num_table_refs += 1
+            dst = self._take(1)[0]
+            self.num_live_tokens += partial
+            self._ref[last] -= 1
+            s.table[-1] = dst
+            copies.append((last, dst))
+            self.num_cow_copies += 1
+        if new:
+            s.table.extend(self._take(new) if new > 1 else self._take1())
+            self.num_table_refs += new
         self.num_live_tokens += num_tokens
         s.num_tokens += num_tokens
         return copies
+
+    def grow_into_new_block(self, seq_id: int, num_tokens: int) -> None:
+        """Fast path of :meth:`append_tokens` for the simulator's hot loop: the sequence's
+        last block is full or privately owned and ``num_tokens`` fill it and start exactly
+        one new block (the caller knows this from the block arithmetic)."""
+        s = self._seqs[seq_id]
+        if not self.num_free_blocks:
+            raise PoolExhausted(f"sequence {seq_id!r} needs 1 free block, the pool has none")
+        if self._free_plain:
+            b = self._free_plain.pop()
+            self._ref[b] = 1
+            self.num_free_blocks -= 1
+        else:
+            b = self._take(1)[0]
+        s.table.append(b)
+        self.num_table_refs += 1
+        self.num_live_tokens += num_tokens
+        s.num_tokens += num_tokens
+
+    def _take1(self) -> list[int]:
+        """:meth:`_take` of one block, the common case of a sequence crossing a boundary."""
+        if self._free_plain:
+            b = self._free_plain.pop()
+            self._ref[b] = 1
+            self.num_free_blocks -= 1
+            return [b]
+        return self._take(1)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """Make ``child_id`` share every block of ``parent_id`` (parallel sampling, beams)."""
@@ -428,6 +440,7 @@ class BlockPool:
         for b in parent.table:
             self._ref[b] += 1
         self.num_table_refs += len(parent.table)
+        parent.exclusive = False
         self._seqs[child_id] = _Seq(list(parent.table), parent.num_tokens)
 
     def free(self, seq_id: int) -> None:
@@ -439,16 +452,35 @@ class BlockPool:
         s = self._seqs.pop(seq_id, None)
         if s is None:
             raise UnknownSequence(f"cannot free sequence {seq_id!r}: not in the pool (never allocated or already freed)")
-        ref = self._ref
-        for b in reversed(s.table):
+        ref, key = self._ref, self._key
+        B = self.block_size
+        table = s.table
+        if s.exclusive:  # fast path: every block is released, none is cached
+            _consume(map(ref.__setitem__, table, repeat(0)))
+            self._free_plain.extend(reversed(table))
+            self.num_free_blocks += len(table)
+            self.num_live_tokens -= s.num_tokens
+            self.num_table_refs -= len(table)
+            return
+        to_head: list[int] = []
+        to_tail: list[int] = []
+        table = s.table
+        for b in reversed(table):
             ref[b] -= 1
             if ref[b] == 0:
-                self.num_live_tokens -= self._filled[b]
-                if self._key[b] is not None:
-                    self._push_tail(b)
-                else:
-                    self._push_head(b)
-        self.num_table_refs -= len(s.table)
+                (to_tail if key[b] is not None else to_head).append(b)
+        released = len(to_head) + len(to_tail)
+        if released:
+            live = released * B
+            partial = s.num_tokens % B
+            if partial and ref[table[-1]] == 0:
+                live -= B - partial
+            self.num_live_tokens -= live
+            self._free_plain.extend(to_head)  # the sequence's first block ends on top
+            if to_tail:
+                self._free_cached.update(dict.fromkeys(to_tail))
+            self.num_free_blocks += released
+        self.num_table_refs -= len(table)
 
     def reset_prefix_stats(self) -> None:
         self.prefix_query_blocks = 0
@@ -464,25 +496,19 @@ class BlockPool:
             assert len(s.table) == -(-s.num_tokens // B), "table length != ceil(tokens / B)"
             for b in s.table:
                 refs[b] += 1
-            for i, b in enumerate(s.table):
-                want = B if i < len(s.table) - 1 else s.num_tokens - i * B
-                assert self._filled[b] == want, f"block {b} filled {self._filled[b]} != {want}"
         assert refs == self._ref, "reference counts differ from block-table references"
+        filled, _ = self._filled_by_tables()
         free = self.free_queue()
         assert len(free) == len(set(free)) == self.num_free_blocks, "free queue corrupt"
         assert set(free) == {b for b in range(n) if refs[b] == 0}, "free queue != unreferenced blocks"
-        assert all(self._in_free[b] == (refs[b] == 0) for b in range(n))
-        back, b = [], self._prev[n]
-        while b != n:
-            back.append(b)
-            b = self._prev[b]
-        assert back[::-1] == free, "free queue links disagree"
+        assert all(self._key[b] is None for b in self._free_plain), "a cached block in the plain free stack"
+        assert all(self._key[b] is not None for b in self._free_cached), "an uncached block in the LRU"
         assert self.num_free_blocks + sum(1 for r in refs if r) == n, "free + used != total"
         assert self.num_table_refs == sum(refs)
-        assert self.num_live_tokens == sum(self._filled[b] for b in range(n) if refs[b])
+        assert self.num_live_tokens == sum(filled[b] for b in range(n) if refs[b]), "live token count drifted"
         for key, b in self._cached.items():
             assert self._key[b] == key, "cache map and block keys disagree"
-            assert self._filled[b] == B, "a cached block is not full"
+            assert refs[b] == 0 or filled[b] == B, "a cached block is not full"
         assert sum(1 for k in self._key if k is not None) == len(self._cached)
 
 

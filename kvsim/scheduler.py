@@ -112,7 +112,7 @@ class _Group:
         self.res = 0  # reserved slots per sequence (reservation strategies)
         self.final = req.final_len  # final length per sequence
         self.sync = [step] * self.n  # step up to which each sequence's tokens are in the pool
-        self.ver = [0] * self.n  # event versions (stale heap entries are skipped)
+        self.ver = [-1] * self.n  # step of each sequence's pending pool event (-1: none)
         self.alive = True
 
 
@@ -124,6 +124,7 @@ class PagedMemory:
     def __init__(self, num_blocks: int, block_size: int, bytes_per_token: int, *,
                  prefix_caching: bool = False, hash_block_size: int | None = None) -> None:
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.bytes_per_token = bytes_per_token
         self.block_bytes = block_size * bytes_per_token
@@ -247,6 +248,7 @@ class ReplayLog:
     step_end_s: np.ndarray | None = None  # [steps] modelled clock at the end of each step (time model)
 
 
+_ORDER_MASK = (1 << 36) - 1
 _ROW_KEYS = ("step", "running", "waiting", "live_tokens", "allocated_bytes", "reserved_bytes",
              "internal_frag_bytes", "external_frag_bytes", "free_bytes", "shared_saved_bytes",
              "prefix_hit_blocks", "prefix_query_blocks", "preemptions", "finished", "dropped", "slope")
@@ -282,7 +284,7 @@ class Engine:
         self.preemptions = 0
         self.finished = 0
         self.dropped = 0
-        self.rows: dict[str, list] = {k: [] for k in _ROW_KEYS}
+        self._rows: list[tuple] = []  # one tuple per recorded step, fields as _ROW_KEYS
         self.times: list[float] = []
         self.clock = 0.0
         # lazy token accounting: stored tokens = synced (pool or arena counter) + M * t - S
@@ -393,46 +395,32 @@ class Engine:
         return self.synced_tokens + self.M * t - self.S
 
     def _record(self, t: int) -> None:
-        r = self.rows
         mem = self.mem
         bpt = mem.bytes_per_token
-        live = self._stored_tokens(t)
         if self.paged:
             pool = mem.pool
-            alloc = pool.num_used_blocks * mem.block_bytes
-            reserved = 0
-            internal = alloc - live * bpt
-            external = 0
-            free = mem.capacity_bytes - alloc
-            saved = (pool.num_table_refs - pool.num_used_blocks) * mem.block_bytes
-            hits, queries = pool.prefix_hit_blocks, pool.prefix_query_blocks
+            live = pool.num_live_tokens + self.M * t - self.S
+            used = mem.num_blocks - pool.num_free_blocks
+            alloc = used * mem.block_bytes
+            self._rows.append((
+                t, self.num_running_seqs, len(self.waiting), live, alloc, 0, alloc - live * bpt, 0,
+                mem.capacity_bytes - alloc, (pool.num_table_refs - used) * mem.block_bytes,
+                pool.prefix_hit_blocks, pool.prefix_query_blocks, self.preemptions, self.finished,
+                self.dropped, self.M,
+            ))
+            return
+        live = self.synced_tokens + self.M * t - self.S
+        alloc = mem.reserved_slots * bpt
+        if self.waiting:
+            head = self.reqs[self.waiting[0][0]]
+            external = mem.arena.unusable_slots(mem.reservation(head)) * bpt
         else:
-            alloc = mem.reserved_slots * bpt
-            reserved = (mem.final_slots - live) * bpt
-            internal = (mem.reserved_slots - mem.final_slots) * bpt
-            if self.waiting:
-                head = self.reqs[self.waiting[0][0]]
-                external = mem.arena.unusable_slots(mem.reservation(head)) * bpt
-            else:
-                external = 0
-            free = mem.capacity_bytes - alloc - external
-            saved = hits = queries = 0
-        r["step"].append(t)
-        r["running"].append(self.num_running_seqs)
-        r["waiting"].append(len(self.waiting))
-        r["live_tokens"].append(live)
-        r["allocated_bytes"].append(alloc)
-        r["reserved_bytes"].append(reserved)
-        r["internal_frag_bytes"].append(internal)
-        r["external_frag_bytes"].append(external)
-        r["free_bytes"].append(free)
-        r["shared_saved_bytes"].append(saved)
-        r["prefix_hit_blocks"].append(hits)
-        r["prefix_query_blocks"].append(queries)
-        r["preemptions"].append(self.preemptions)
-        r["finished"].append(self.finished)
-        r["dropped"].append(self.dropped)
-        r["slope"].append(self.M)
+            external = 0
+        self._rows.append((
+            t, self.num_running_seqs, len(self.waiting), live, alloc, (mem.final_slots - live) * bpt,
+            (mem.reserved_slots - mem.final_slots) * bpt, external, mem.capacity_bytes - alloc - external,
+            0, 0, 0, self.preemptions, self.finished, self.dropped, self.M,
+        ))
 
     def _step_time(self, t: int, prefills: list, cached: list, decode_ctx) -> None:
         if self.fn is None:
@@ -546,46 +534,89 @@ class Engine:
     # ----- event-driven replay ---------------------------------------------------------
 
     def run_events(self) -> ReplayLog:
-        heap: list = []  # (step, order, member, version): a paged sequence's next pool operation
-        fin: list = []  # (step, order): a request's last step
-        groups: dict[int, _Group] = {}
-        self._heap, self._fin, self._groups = heap, fin, groups
+        self._heap: list[int] = []  # a paged sequence's next pool operation (see _schedule)
+        self._fin: list[tuple[int, int]] = []  # (step, order): a request's last step
+        self._groups: dict[int, _Group] = {}  # running requests by admission order
         self._events = True
-        timed = self.fn is not None
+        if self.fn is None:
+            self._run_events_untimed()
+        else:
+            self._run_events_timed()
+        return self._log()
+
+    def _run_events_untimed(self) -> None:
+        """Visit only the steps where something happens; the rows between are filled later."""
+        heap, fin, groups = self._heap, self._fin, self._groups
+        arrival_step = self.arrival_step
+        n_req = len(self.reqs)
+        waiting, running = self.waiting, self.running
+        heappop = heapq.heappop
+        max_tokens = self.cfg.max_num_batched_tokens
+        t = 0
+        forced: int | None = 0  # step 0 is always recorded
+        while True:
+            # the next step where anything can happen
+            nxt = forced
+            if heap:
+                top = self._top_step()
+                if top is not None and (nxt is None or top < nxt):
+                    nxt = top
+            if fin and (nxt is None or fin[0][0] < nxt):
+                nxt = fin[0][0]
+            if self.a_ptr < n_req and (nxt is None or arrival_step[self.a_ptr] < nxt):
+                nxt = arrival_step[self.a_ptr]
+            if nxt is None:
+                break
+            if nxt > t:
+                t = nxt
+            forced = None
+            if self.a_ptr < n_req and arrival_step[self.a_ptr] <= t:
+                self._arrivals(t)
+            if not running and not waiting:
+                if self.a_ptr >= n_req:
+                    break
+                self._record(t)  # an idle step; the quiet ones after it are filled in later
+                t += 1
+                continue
+            preempted = admitted = dropped = finished_any = False
+            if heap and heap[0] >> 48 <= t:
+                preempted = self._event_decode(t)
+            if waiting and not preempted:
+                admitted, dropped = self._admit(t, max_tokens - self.M, True, [], [])
+            while fin and fin[0][0] <= t:
+                order = heappop(fin)[1]
+                g = groups.pop(order, None)
+                if g is None:
+                    continue
+                running.remove(g)
+                self._finish(g, t)
+                finished_any = True
+            if waiting and (admitted or preempted or finished_any or dropped):
+                forced = t + 1
+            self._record(t)
+            if self.progress is not None and finished_any:
+                self._report(t)
+            t += 1
+            if not running and not waiting and self.a_ptr >= n_req:
+                break
+
+    def _run_events_timed(self) -> None:
+        """Every step is visited (its duration needs the batch), but the pool is touched only
+        at events and the decode contexts come from one numpy add."""
+        heap, fin, groups = self._heap, self._fin, self._groups
         n_req = len(self.reqs)
         t = 0
-        forced: int | None = 0 if not timed else None  # step 0 is always recorded
+        forced: int | None = None
         self._ctx_dirty = True
         ctx_base = np.zeros(0, dtype=np.int64)
         while True:
-            if not timed:
-                # jump to the next step where anything can happen
-                while heap and not self._valid(heap[0]):
-                    heapq.heappop(heap)
-                cand = [t if forced is None else forced]
-                if forced is None:
-                    cand = []
-                if heap:
-                    cand.append(heap[0][0])
-                if fin:
-                    cand.append(fin[0][0])
-                if self.a_ptr < n_req:
-                    cand.append(self.arrival_step[self.a_ptr])
-                if not cand:
-                    break
-                t = max(min(cand), t)
             arrived = self._arrivals(t)
             if not self.running and not self.waiting:
                 if self.a_ptr >= n_req:
                     break
-                if not timed:
-                    self._record(t)  # an idle step; the quiet ones after it are filled in later
-                    t += 1
-                else:
-                    self._idle_jump(t)
+                self._idle_jump(t)
                 continue
-            is_event = (not timed) or arrived or forced == t or bool(heap and heap[0][0] <= t) \
-                or bool(fin and fin[0][0] <= t)
+            is_event = arrived or forced == t or bool(heap and heap[0] >> 48 <= t) or bool(fin and fin[0][0] <= t)
             forced = None
             prefills: list[int] = []
             cached: list[int] = []
@@ -595,17 +626,16 @@ class Engine:
                 if not preempted:
                     budget = self.cfg.max_num_batched_tokens - self.M
                     admitted, dropped = self._admit(t, budget, True, prefills, cached)
-            if timed:
-                if self._ctx_dirty:
-                    ctx_base = self._build_ctx_base(t)
-                    self._ctx_dirty = False
-                self._step_time(t, prefills, cached, ctx_base + t)
-                if admitted:
-                    self._ctx_dirty = True  # the new requests decode from the next step
+            if self._ctx_dirty:
+                ctx_base = self._build_ctx_base(t)
+                self._ctx_dirty = False
+            self._step_time(t, prefills, cached, ctx_base + t)
+            if admitted:
+                self._ctx_dirty = True  # the new requests decode from the next step
             while fin and fin[0][0] <= t:
                 _, order = heapq.heappop(fin)
                 g = groups.pop(order, None)
-                if g is None or not g.alive:
+                if g is None:
                     continue
                 self.running.remove(g)
                 self._finish(g, t)
@@ -618,12 +648,21 @@ class Engine:
             t += 1
             if self._done():
                 break
-        return self._log()
 
-    def _valid(self, entry) -> bool:
-        _, order, m, ver = entry
-        g = self._groups.get(order)
-        return g is not None and g.ver[m] == ver
+    # Heap entries are single ints, (step << 48) | (order << 12) | member, so the heap compares
+    # ints, not tuples; an entry is current when the group still runs and still expects
+    # that member at that step (group.ver holds the step scheduled for each member).
+
+    def _top_step(self) -> int | None:
+        """Step of the earliest current pool event (stale entries are dropped)."""
+        heap, groups = self._heap, self._groups
+        while heap:
+            key = heap[0]
+            g = groups.get((key >> 12) & _ORDER_MASK)
+            if g is not None and g.ver[key & 4095] == key >> 48:
+                return key >> 48
+            heapq.heappop(heap)
+        return None
 
     def _on_admit(self, g: _Group, t: int) -> None:
         if not self._events:
@@ -637,50 +676,70 @@ class Engine:
     def _schedule(self, g: _Group, m: int, t: int) -> None:
         """Push the next step at which sequence ``m`` of ``g`` touches the pool."""
         stored = g.prompt_len + (t - g.admit_step)
-        if self.mem.needs_cow_next(g.sids[m], stored):
+        mem = self.mem
+        if g.n > 1 and mem.needs_cow_next(g.sids[m], stored):
             nxt = t + 1
         else:
-            nxt = t + 1 + ((-stored) % self.mem.block_size)
-        g.ver[m] += 1
+            nxt = t + 1 + ((-stored) % mem.block_size)
         if nxt <= g.finish_step:
-            heapq.heappush(self._heap, (nxt, g.order, m, g.ver[m]))
+            if g.ver[m] != nxt:
+                g.ver[m] = nxt
+                heapq.heappush(self._heap, (nxt << 48) | (g.order << 12) | m)
+        else:
+            g.ver[m] = -1
 
     def _event_decode(self, t: int) -> bool:
         """Pool operations of the sequences due at step ``t``; whether anything was preempted."""
         if not self.paged:
             return False
-        heap = self._heap
+        heap, groups = self._heap, self._groups
         pool = self.mem.pool
         B = self.mem.block_size
         preempted = False
-        while heap and heap[0][0] <= t:
-            entry = heapq.heappop(heap)
-            if not self._valid(entry):
+        heappop, heappush = heapq.heappop, heapq.heappush
+        grow = pool.grow_into_new_block
+        synced = 0
+        while heap and heap[0] >> 48 <= t:
+            key = heappop(heap)
+            g = groups.get((key >> 12) & _ORDER_MASK)
+            m = key & 4095
+            if g is None or g.ver[m] != t:
                 continue
-            _, order, m, _ = entry
-            g = self._groups[order]
             sid = g.sids[m]
             k = t - g.sync[m]  # tokens since the last sync, this step's included
-            need = pool.append_slots_needed(sid, k)
-            gone = False
-            while need > pool.num_free_blocks:
-                victim = self._preempt_newest(t, lazy=True)
-                self._groups.pop(victim.order, None)
-                preempted = True
-                if victim is g:
-                    gone = True
-                    break
-            if gone:
-                continue
-            crossed = (pool.num_tokens(sid) + k - 1) % B == 0
-            pool.append_tokens(sid, k)
-            self.S += k
+            if pool.num_free_blocks < 2:
+                need = pool.append_slots_needed(sid, k)
+                gone = False
+                while need > pool.num_free_blocks:
+                    victim = self._preempt_newest(t, lazy=True)
+                    groups.pop(victim.order, None)
+                    preempted = True
+                    if victim is g:
+                        gone = True
+                        break
+                if gone:
+                    continue
             g.sync[m] = t
+            synced += k
+            if g.n == 1:
+                # a single sequence's events are its block boundaries: one new block each,
+                # and the next boundary is B steps on
+                grow(sid, k)
+                nxt = t + B
+                if nxt <= g.finish_step:
+                    g.ver[m] = nxt
+                    heappush(heap, key + (B << 48))
+                else:
+                    g.ver[m] = -1
+                continue
+            stored_before = g.prompt_len + (t - 1 - g.admit_step)
+            pool.append_tokens(sid, k)
             self._schedule(g, m, t)
-            if crossed and g.req.beam_width > 1 and m == g.n - 1:
+            if g.req.beam_width > 1 and m == g.n - 1 and stored_before % B == 0:
                 self._refork(g)  # every beam crossed at this step; the first is synced already
                 self._schedule(g, 0, t)
                 self._schedule(g, m, t)
+        self.S += synced
         if preempted:
             self._ctx_dirty = True
         return preempted
@@ -694,7 +753,8 @@ class Engine:
         return np.asarray(base, dtype=np.int64)
 
     def _log(self) -> ReplayLog:
-        rows = {k: np.asarray(v, dtype=np.int64) for k, v in self.rows.items()}
+        arr = np.array(self._rows, dtype=np.int64).reshape(-1, len(_ROW_KEYS))
+        rows = {k: arr[:, i] for i, k in enumerate(_ROW_KEYS)}
         steps = rows["step"]
         if steps.size and (steps[-1] + 1 != steps.size):
             # event-driven without a time model: fill the quiet steps between recorded ones;
