@@ -10,9 +10,13 @@ from kvsim.costmodel import (
     CostModel, batch_sweep, context_sweep, intensity_grid, roofline_boundary,
 )
 from kvsim.errors import KvsimError
-from kvsim.figures.cost import batch_cost_figure, context_cost_figure, roofline_figure
+from kvsim.figures.cost import batch_cost_figure, context_cost_figure, rate_sweep_figure, roofline_figure
 from kvsim.gpus import GPUS, custom_gpu, get_gpu
-from kvsim.units import GiB, fmt_bytes
+from kvsim.ratesweep import (
+    DEFAULT_LATENCY_FACTOR, DEFAULT_STRATEGIES, PAPER_HEADLINE, PAPER_SOURCE, RateSweepResult, rate_sweep,
+)
+from kvsim.units import fmt_bytes
+from kvsim.workloads import PRESET_WORKLOADS, preset_workload
 from ui.sidebar import current_model
 
 CUSTOM_GPU = "custom"
@@ -145,3 +149,71 @@ st.caption(
     f"{'no batch' if boundary.linear_ridge_tokens is None else f'{boundary.linear_ridge_tokens:,} tokens per step'}; "
     f"decode attention sits at {boundary.attention_intensity:,.1f} FLOP/B. {verdict} Assumed: {assumed}."
 )
+
+# 4. the rate sweep: normalized latency versus request rate per strategy
+st.subheader("Rate sweep: where each strategy's latency explodes")
+st.caption(
+    "The PagedAttention paper's Figure 12: a workload replayed at growing request rates (Poisson arrivals) through "
+    "the scheduler with the cost model above as its clock, under each memory strategy with the same KV memory. "
+    "Normalized latency is each request's end-to-end latency over its output length, averaged."
+)
+r = st.columns([1, 1, 2, 1, 1])
+preset = r[0].selectbox("Workload", list(PRESET_WORKLOADS), key="cost_rs_workload",
+                        format_func=lambda k: PRESET_WORKLOADS[k].name)
+num_requests = int(r[1].number_input("Requests per rate", min_value=10, max_value=20_000, value=300, step=50,
+                                     key="cost_rs_requests"))
+rates_text = r[2].text_input("Request rates (req/s, comma-separated)", value="0.5, 1, 1.5, 2, 3, 4, 6",
+                             key="cost_rs_rates")
+rs_max_len = int(r[3].number_input("max_len (tokens)", min_value=16, max_value=1_000_000,
+                                   value=min(spec.max_position_embeddings or 2048, 4096), step=256, key="cost_rs_max_len",
+                                   help="The model's context for a request: what reserve-max reserves up front."))
+bound_ms = float(r[4].number_input("Latency bound (ms/token, 0 = auto)", min_value=0.0, value=0.0, step=10.0,
+                                   key="cost_rs_bound",
+                                   help=f"Auto: {DEFAULT_LATENCY_FACTOR:g}x the unloaded normalized latency."))
+strategies = st.multiselect("Strategies", list(DEFAULT_STRATEGIES), default=list(DEFAULT_STRATEGIES),
+                            key="cost_rs_strategies")
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _cached_sweep(model: CostModel, preset: str, num_requests: int, rates: tuple, strategies: tuple,
+                  max_len: int, bound_s: float | None) -> RateSweepResult:
+    workload = preset_workload(preset, num_requests, max_len=max_len, seed=0)
+    return rate_sweep(workload, model, rates, strategies, max_len=max_len, latency_bound_s=bound_s)
+
+
+def _parse_rates(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.replace(";", ",").split(",") if x.strip())
+    except ValueError:
+        raise KvsimError(f"request rates must be numbers separated by commas, got {text!r}") from None
+    if not values or any(not v > 0 or v == float("inf") for v in values):
+        raise KvsimError(f"request rates must be positive numbers, got {text!r}")
+    return values
+
+
+if st.button("Run the rate sweep", key="cost_rs_run", type="primary"):
+    try:
+        with st.spinner("Replaying the workload at each rate..."):
+            st.session_state["cost_rs_result"] = _cached_sweep(
+                model, preset, num_requests, _parse_rates(rates_text), tuple(strategies), rs_max_len,
+                bound_ms / 1e3 if bound_ms > 0 else None)
+    except KvsimError as exc:
+        st.error(str(exc))
+
+result = st.session_state.get("cost_rs_result")
+if result is None:
+    st.info("Set the workload and rates, then run the sweep (a few seconds for a few hundred requests per rate).")
+else:
+    short = f"{result.workload.split(' (')[0]}, {result.num_requests:,} requests per rate; {result.model}"
+    st.plotly_chart(rate_sweep_figure(result.table, short, latency_bound_s=result.latency_bound_s), width="stretch")
+    st.caption(f"Assumed: {result.describe()}. Unloaded normalized latency (a lone mean request on the idle GPU): "
+               f"{1e3 * result.unloaded_latency_s:.1f} ms/token.")
+    sust = result.sustained.assign(sustained_rate_per_s=result.sustained["sustained_rate_per_s"].round(2))
+    cmp = result.comparison()
+    c1, c2 = st.columns(2)
+    c1.markdown("**Sustained request rate** (mean normalized latency within the bound)")
+    c1.dataframe(sust, hide_index=True)
+    c2.markdown("**Paged's gain over each baseline, beside the paper's**")
+    c2.dataframe(cmp.assign(simulator_gain=cmp["simulator_gain"].round(2)), hide_index=True)
+    st.caption(f"Paper: {PAPER_HEADLINE}; per baseline, the rate gains it reports on ShareGPT (OPT-13B/66B/175B on "
+               f"A100s). {PAPER_SOURCE}. The simulator's gains come from the workload, model and GPU stated above.")

@@ -78,3 +78,29 @@ def test_custom_gpu():
     at.number_input(key="cost_tf").set_value(100.0).run()
     assert not at.exception
     assert _metrics(at)["GPU ridge point"] == "100 FLOP/B"
+
+
+def test_rate_sweep_runs_and_reports_the_paper_beside_it():
+    at = _open()
+    assert any("run the sweep" in i.value for i in at.info)
+    at.number_input(key="cost_rs_requests").set_value(60).run()
+    at.text_input(key="cost_rs_rates").input("1, 3").run()
+    at.multiselect(key="cost_rs_strategies").set_value(["reserve-max", "paged"]).run()
+    at.button(key="cost_rs_run").click().run()
+    assert not at.exception
+    charts = _charts(at)
+    sweep = next(c for c in charts if "request rate" in c["layout"]["title"]["text"])
+    names = [t["name"] for t in sweep["data"]]
+    assert "paged" in names and "reserve-max" in names
+    assert sweep["layout"]["xaxis"]["title"]["text"] == "request rate (requests/s)"
+    assert any("Kwon et al." in c.value for c in at.caption)
+    assert len(at.dataframe) == 2
+
+
+def test_bad_rates_show_an_error():
+    at = _open()
+    at.text_input(key="cost_rs_rates").input("1, fast").run()
+    at.button(key="cost_rs_run").click().run()
+    assert not at.exception
+    assert any("fast" in e.value for e in at.error)
+    assert len(_charts(at)) >= 3  # the cost charts stay on screen
