@@ -246,6 +246,7 @@ class ReplayLog:
     preempted: np.ndarray  # [num_requests] times the request was preempted
     drop_reasons: dict[int, str] = field(default_factory=dict)  # request index -> why dropped
     step_end_s: np.ndarray | None = None  # [steps] modelled clock at the end of each step (time model)
+    step_time_s: np.ndarray | None = None  # [steps] modelled duration of each step, idle gaps excluded
 
 
 _ORDER_MASK = (1 << 36) - 1
@@ -286,6 +287,7 @@ class Engine:
         self.dropped = 0
         self._rows: list[tuple] = []  # one tuple per recorded step, fields as _ROW_KEYS
         self.times: list[float] = []
+        self.durations: list[float] = []  # modelled seconds of each step (idle gaps not included)
         self.clock = 0.0
         # lazy token accounting: stored tokens = synced (pool or arena counter) + M * t - S
         self.M = 0  # running sequences
@@ -436,6 +438,7 @@ class Engine:
             raise KvsimError(f"step_time_fn returned {dt!r}; a step time must be finite and >= 0")
         self.clock += dt
         self.times.append(self.clock)
+        self.durations.append(dt)
 
     def _report(self, t: int) -> None:
         if self.progress is None:
@@ -777,4 +780,5 @@ class Engine:
             rows=rows, first_step=self.first_step, finish_step=self.finish_step,
             preempted=self.preempted, drop_reasons=self.drop_reasons,
             step_end_s=np.asarray(self.times, dtype=float) if self.fn is not None else None,
+            step_time_s=np.asarray(self.durations, dtype=float) if self.fn is not None else None,
         )

@@ -218,7 +218,7 @@ def _timeline(log, mem, name: str) -> pd.DataFrame:
         "kv_usage_fraction": r["allocated_bytes"] / mem.capacity_bytes,
     }
     if log.step_end_s is not None:
-        data["step_time_s"] = np.diff(np.concatenate([[0.0], log.step_end_s])) if steps.size else np.zeros(0)
+        data["step_time_s"] = log.step_time_s  # the model's durations; idle gaps between steps excluded
     df = pd.DataFrame(data)
     df["source"] = name
     return make_timeline(df)
