@@ -554,6 +554,18 @@ def _field(step: Any, name: str, default: Any = None) -> Any:
     return getattr(step, name, default)
 
 
+def _step_kwargs(step: Any) -> dict[str, Any]:
+    """step_cost arguments of a measured step; chunks that computed no token are dropped."""
+    q = list(_field(step, "prefill_tokens", ()) or ())
+    p = _field(step, "prefill_cached")
+    p = [0] * len(q) if p is None or not len(p) else list(p)
+    if len(p) != len(q):
+        raise KvsimError(f"{len(q)} prefill chunks but {len(p)} cached prefix lengths")
+    keep = [i for i, n in enumerate(q) if n != 0]
+    return {"prefill_tokens": [q[i] for i in keep], "prefill_cached": [p[i] for i in keep],
+            "decode_context": list(_field(step, "decode_context", ()) or ())}
+
+
 def compare_step_times(model: CostModel, steps: Iterable[Any]) -> pd.DataFrame:
     """Measured step times beside the model's prediction for the same batch and lengths.
 
@@ -570,10 +582,7 @@ def compare_step_times(model: CostModel, steps: Iterable[Any]) -> pd.DataFrame:
         if isinstance(measured, bool) or not isinstance(measured, (int, float, np.floating, np.integer)) \
                 or not measured >= 0 or measured == math.inf:
             raise KvsimError(f"step {i}: measured step_time_s must be a non-negative number, got {measured!r}")
-        cached = _field(step, "prefill_cached")
-        cost = model.step_cost(prefill_tokens=_field(step, "prefill_tokens", ()) or (),
-                               prefill_cached=cached if cached is None or len(cached) else None,
-                               decode_context=_field(step, "decode_context", ()) or ())
+        cost = model.step_cost(**_step_kwargs(step))
         rows.append({
             "step": int(_field(step, "step", i)), "measured_step_time_s": float(measured),
             "predicted_step_time_s": cost.time_s,
@@ -591,10 +600,7 @@ def predicted_timeline(model: CostModel, steps: Iterable[Any], source: str = "pr
 
     rows, clock = [], 0.0
     for i, step in enumerate(steps):
-        cached = _field(step, "prefill_cached")
-        t = model.step_cost(prefill_tokens=_field(step, "prefill_tokens", ()) or (),
-                            prefill_cached=cached if cached is None or len(cached) else None,
-                            decode_context=_field(step, "decode_context", ()) or ()).time_s
+        t = model.step_cost(**_step_kwargs(step)).time_s
         clock += t
         rows.append({"step": int(_field(step, "step", i)), "time_s": clock, "step_time_s": t, "source": source})
     return make_timeline(rows)

@@ -360,6 +360,9 @@ def test_compare_step_times_puts_prediction_beside_measurement():
     assert set(tl.columns) == {"step", "time_s", "step_time_s", "source"}
     with pytest.raises(KvsimError):
         compare_step_times(m, [{"decode_context": [4], "step_time_s": -1.0}])
+    # a chunk wholly served from the prefix cache computes nothing and costs nothing
+    zero = compare_step_times(m, [{"prefill_tokens": [0, 3], "prefill_cached": [16, 5], "step_time_s": 0.02}])
+    assert zero["predicted_step_time_s"].iloc[0] == pytest.approx(df["predicted_step_time_s"].iloc[1])
 
 
 @settings(max_examples=150, deadline=None)
