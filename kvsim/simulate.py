@@ -98,8 +98,9 @@ class SimSummary:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        if self.latency is not None:
-            data.update(self.latency)
+        latency = data.pop("latency")
+        if latency is not None:
+            data.update(latency)
         return data
 
 
