@@ -35,12 +35,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 import kernels
-from kvsim.blockpool import BlockPool
+from kvsim.blockpool import BlockPool, token_block_keys
 from kvsim.calculator import kv_usage
 from kvsim.errors import KvsimError
 from kvsim.live.cache import PagedKVCache
@@ -373,8 +372,6 @@ class PagedEngine:
     def _keys(self, seq: _Seq):
         if not self.config.enable_prefix_caching:
             return None
-        from kvsim.blockpool import token_block_keys
-
         return token_block_keys(seq.tokens, self.config.block_size)
 
     def _preempt(self, victim: _Seq, running: list[_Seq], waiting: list[_Seq], traces: dict) -> None:
