@@ -86,9 +86,11 @@ def detect_format(text: str) -> str:
     if first.startswith("{"):
         return "mooncake"
     cols = {c.strip().strip('"') for c in first.split(",")}
-    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= cols:
+    # two of a format's three (or one of two) columns is enough to name it, so a file with
+    # a column missing gets "missing column X" rather than "unknown format"
+    if len({"TIMESTAMP", "ContextTokens", "GeneratedTokens"} & cols) >= 2:
         return "azure"
-    if {"num_prefill_tokens", "num_decode_tokens"} <= cols:
+    if {"num_prefill_tokens", "num_decode_tokens"} & cols:
         return "sharegpt-stats"
     return "csv"
 
