@@ -9,6 +9,7 @@ kernel is *decorated*: flipping the variable afterwards changes nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -27,6 +28,12 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    # find_spec scans sys.path: once per process, not once per kernel call.
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_mode() -> str:
     """How the ``triton`` backend would run here: "triton", "triton-interpreter" or "unavailable".
 
@@ -41,7 +48,7 @@ def triton_mode() -> str:
     """
     if _imported_mode is not None:
         return _imported_mode
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "unavailable"
     if _interpret_requested():
         return "triton-interpreter"

@@ -36,6 +36,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Te
     (over heads, never tokens) avoids re-laying-out the gathered cache.
     """
     out = torch.empty_like(q)
+    # Slots no query may see (past seq_len, before the window) can hold anything, NaN
+    # included (the live engine poisons unwritten slots): zero their V so that the
+    # zero softmax weight times V stays 0 instead of 0 * NaN = NaN. k and v are fresh
+    # float32 gathers, so editing them in place touches no cache.
+    hidden = ~(visible if visible.dim() == 3 else visible[:, None, :]).any(dim=-2)  # [B, T]
+    if bool(hidden.any()):
+        v.masked_fill_(hidden[:, :, None, None], 0.0)
     for h in range(q.shape[1]):
         scores = torch.bmm(q[:, h], k[:, :, h, :].transpose(1, 2)) * scale  # [B, M, T]
         scores.masked_fill_(~visible, float("-inf"))
