@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from kvsim.capacity import WEIGHT_DTYPE_BYTES, plan_capacity
 from kvsim.cli._common import add_model_args, emit, positive_float, positive_int, resolve_model
+from kvsim.costmodel import CostModel
+from kvsim.gpus import get_gpu, gpu_names
 from kvsim.errors import KvsimError
 from kvsim.scheduler import SchedulerConfig
 from kvsim.simulate import simulate
@@ -61,6 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds-per-step", type=positive_float, default=0.02,
                    help="trace seconds per engine step, to place arrivals (default 0.02)")
     p.add_argument("--step-by-step", action="store_true", help="plain replay of every step (slow; same results)")
+    t = p.add_argument_group("time model (kvsim.costmodel): steps take the roofline time on a GPU")
+    t.add_argument("--gpu", choices=gpu_names(), help="GPU preset; adds throughput, TTFT, TPOT and normalized latency, "
+                   "and the KV memory defaults to the capacity planner's budget on it")
+    t.add_argument("--weight-dtype", default="bf16", choices=sorted(WEIGHT_DTYPE_BYTES), help="weights (default bf16)")
     p.add_argument("--timeline", metavar="PATH.csv", help="write the per-step Timeline as CSV")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -112,11 +119,17 @@ def run(args: argparse.Namespace) -> int:
     max_len = args.max_len or spec.max_position_embeddings or None
     workload, mode = _workload(args, max_len)
     kv_bytes = None if args.kv_memory_gib is None else int(math.floor(args.kv_memory_gib * GiB))
+    cost = None
+    if args.gpu is not None:
+        cost = CostModel(spec, get_gpu(args.gpu), kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype, tp=args.tp)
+        if not any(given):  # the GPU's KV budget: 0.9 of memory less weights and a 1 GiB reserve
+            kv_bytes = plan_capacity(spec, cost.gpu, kv_dtype=args.kv_dtype, tp=args.tp, block_size=args.block_size,
+                                     weight_dtype=args.weight_dtype, max_len=max_len).kv_budget_bytes
     cfg = SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, args.seconds_per_step)
     result = simulate(
         workload, spec, strategy=args.strategy, block_size=args.block_size, prefix_caching=args.prefix_caching,
         kv_dtype=args.kv_dtype, tp=args.tp, num_blocks=args.num_blocks, kv_memory_bytes=kv_bytes,
-        max_len=args.max_len, scheduler=cfg, event_driven=not args.step_by_step,
+        max_len=args.max_len, scheduler=cfg, event_driven=not args.step_by_step, step_time_fn=cost,
     )
     if args.timeline:
         try:
@@ -126,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
     s = result.summary
     data = s.to_dict()
     data.update({"workload": workload.name, "arrivals": mode, "kv_dtype": args.kv_dtype, "tp": args.tp})
+    if cost is not None:
+        norm = result.requests["normalized_latency_s"].dropna()
+        data.update({"gpu": cost.gpu.name, "weight_dtype": args.weight_dtype,
+                     "normalized_latency_mean_s": float(norm.mean()) if len(norm) else None})
     if args.timeline:
         data["timeline_path"] = args.timeline
     label = s.strategy + (" + prefix caching" if s.prefix_caching else "")
@@ -141,6 +158,14 @@ def run(args: argparse.Namespace) -> int:
         "memory split     token states {:.1%}, reservation {:.1%}, internal frag {:.1%}, external frag {:.1%}".format(
             s.token_state_fraction, s.reservation_fraction, s.internal_fraction, s.external_fraction),
     ]
+    if cost is not None and s.latency and s.latency.get("ttft_p50_s") is not None:
+        lat = s.latency
+        lines.append(f"time model       {cost.describe()}; {s.duration_s:,.1f} s modelled")
+        lines.append(f"throughput       {lat['throughput_tokens_per_s']:,.0f} output tokens/s, "
+                     f"{lat['throughput_requests_per_s']:,.2f} requests/s")
+        lines.append(f"latency p50/p99  TTFT {lat['ttft_p50_s']:.3f}/{lat['ttft_p99_s']:.3f} s, "
+                     f"TPOT {1e3 * (lat['tpot_p50_s'] or 0):.1f}/{1e3 * (lat['tpot_p99_s'] or 0):.1f} ms, "
+                     f"normalized {lat['normalized_latency_p50_s']:.3f}/{lat['normalized_latency_p99_s']:.3f} s/token")
     if s.prefix_caching:
         lines.append(f"prefix cache     {s.prefix_hit_blocks:,} of {s.prefix_query_blocks:,} prompt blocks hit ({s.prefix_hit_rate:.1%})")
     for why, count in s.drop_reasons.items():
