@@ -423,6 +423,27 @@ class BlockPool:
         self.num_live_tokens += num_tokens
         s.num_tokens += num_tokens
 
+    def grow_many_into_new_blocks(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+        """:meth:`grow_into_new_block` for several sequences at once (one new block each), in
+        order; the caller has checked that enough blocks are free."""
+        if len(seq_ids) > self.num_free_blocks:
+            raise PoolExhausted(f"{len(seq_ids)} sequences need a block each, the pool has {self.num_free_blocks}")
+        seqs, plain, ref = self._seqs, self._free_plain, self._ref
+        for sid, k in zip(seq_ids, num_tokens):
+            s = seqs[sid]
+            if plain:
+                b = plain.pop()
+                ref[b] = 1
+            else:
+                self.num_free_blocks += 1  # _take counts it
+                b = self._take(1)[0]
+            s.table.append(b)
+            s.num_tokens += k
+        n = len(seq_ids)
+        self.num_free_blocks -= n
+        self.num_table_refs += n
+        self.num_live_tokens += sum(num_tokens)
+
     def _take1(self) -> list[int]:
         """:meth:`_take` of one block, the common case of a sequence crossing a boundary."""
         if self._free_plain:

@@ -295,6 +295,7 @@ class Engine:
         self.synced_tokens = 0  # arena: tokens counted at sync steps
         self._last_progress = -1.0
         self._events = False  # event-driven replay schedules heap entries on admission
+        self._multi = 0  # running requests with several sequences
         self._ctx_dirty = True
 
     # ----- shared pieces ---------------------------------------------------------------
@@ -336,6 +337,8 @@ class Engine:
         return g
 
     def _remove_counts(self, g: _Group, t: int, lazy: bool) -> None:
+        if g.n > 1:
+            self._multi -= 1
         if not self.paged:
             self.synced_tokens -= sum(g.prompt_len + (s - g.admit_step) for s in g.sync)
         self.M -= g.n
@@ -369,6 +372,8 @@ class Engine:
             self.waiting.popleft()
             self.running.append(g)
             self.num_running_seqs += g.n
+            if g.n > 1:
+                self._multi += 1
             self.M += g.n
             self.S += t * g.n
             if not self.paged:
@@ -702,6 +707,36 @@ class Engine:
         heappop, heappush = heapq.heappop, heapq.heappush
         grow = pool.grow_into_new_block
         synced = 0
+        # Fast path: single sequences crossing a boundary, with a free block for each (no
+        # preemption possible), are grown in one pool call, in heap order.
+        due: list[tuple[int, _Group]] = []
+        while heap and heap[0] >> 48 <= t:
+            key = heappop(heap)
+            g = groups.get((key >> 12) & _ORDER_MASK)
+            if g is None or g.ver[key & 4095] != t:
+                continue
+            due.append((key, g))
+        if not due:
+            return False
+        if len(due) <= pool.num_free_blocks and (not self._multi or all(g.n == 1 for _, g in due)):
+            sids, ks = [], []
+            for key, g in due:
+                k = t - g.sync[0]
+                sids.append(g.sids[0])
+                ks.append(k)
+                synced += k
+                g.sync[0] = t
+                nxt = t + B
+                if nxt <= g.finish_step:
+                    g.ver[0] = nxt
+                    heappush(heap, key + (B << 48))
+                else:
+                    g.ver[0] = -1
+            pool.grow_many_into_new_blocks(sids, ks)
+            self.S += synced
+            return False
+        for key in reversed([key for key, _ in due]):
+            heappush(heap, key)  # the general path below pops them again in order
         while heap and heap[0] >> 48 <= t:
             key = heappop(heap)
             g = groups.get((key >> 12) & _ORDER_MASK)

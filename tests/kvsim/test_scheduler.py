@@ -236,16 +236,12 @@ def test_event_driven_is_faster_on_a_long_run():
         mem, _ = _memory_for("paged", False, w, 16, 1, None, None, 1024)
         eng = Engine(w, mem, SchedulerConfig(), 1024, None, None)
         pool = mem.pool
-        orig = pool.append_tokens, pool.grow_into_new_block
-
-        def count(*a, _f=orig[0], **k):
-            calls[key] += 1
-            return _f(*a, **k)
-
-        def count2(*a, _f=orig[1], **k):
-            calls[key] += 1
-            return _f(*a, **k)
-        pool.append_tokens, pool.grow_into_new_block = count, count2
+        grown = {"append_tokens": 1, "grow_into_new_block": 1, "grow_many_into_new_blocks": None}
+        for name, per_call in grown.items():
+            def counting(*a, _f=getattr(pool, name), _per=per_call, **k):
+                calls[key] += _per if _per is not None else len(a[0])  # sequences grown
+                return _f(*a, **k)
+            setattr(pool, name, counting)
         eng.run_events() if events else eng.run_steps()
     assert calls["steps"] == 50 * 399  # one append per sequence per decode step
     assert calls["events"] == 50 * 25  # one per block boundary: blocks 8..32 of ceil(499/16)
