@@ -9,13 +9,11 @@ Two stores, measured the same way:
   slots ``[num_layers, max_len, num_kv_heads, head_dim]``, allocated on admission and
   dropped on finish (the max-length reservation).
 
-Poison. Every key slot that holds no token is NaN: the whole pool at creation, a block
-when the engine takes it from the free queue (it may hold a stale evicted prefix) and when
-it returns to the free queue, a reservation when it is created. Values are poisoned with
-:func:`value_poison`, the dtype's largest *finite* number, not NaN: the torch reference kernel reads
-whole blocks and zeroes the unread slots' weight by multiplying, and ``0 * NaN`` would
-be NaN. K's NaN is enough to catch a wrong read: a slot inside a sequence's visible range
-that was never written gives a NaN score and a NaN output.
+Poison. Every K and V slot that holds no token is NaN: the whole pool at creation, a
+block when the engine takes it from the free queue (it may hold a stale evicted prefix)
+and when it returns to the free queue, a reservation when it is created. Any read of a
+slot inside a sequence's visible range that was never written gives a NaN output; the
+kernels never touch slots outside that range (``tests/kernels/test_poisoned_slots.py``).
 
 What is measured (:meth:`PagedKVCache.measure`), per layer, from the key tensor alone:
 
@@ -53,8 +51,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def value_poison(dtype: torch.dtype) -> float:
-    """The finite value unwritten V slots hold: the dtype's largest finite number."""
-    return float(torch.finfo(dtype).max)
+    """What unwritten V slots hold: NaN, like unwritten K slots."""
+    return float("nan")
 
 
 

@@ -42,13 +42,14 @@ def test_measure_counts_written_slots_and_blocks(slots, poison):
     assert excluded.live_bytes == 0
 
 
-def test_values_are_poisoned_finite_and_keys_nan():
+def test_keys_and_values_are_poisoned_nan():
     cache = PagedKVCache(L, NB, B, KVH, D)
-    assert torch.isnan(cache.key).all() and torch.isfinite(cache.value).all()
-    _write(cache, [0, 1])
+    assert torch.isnan(cache.key).all() and torch.isnan(cache.value).all()
+    _write(cache, [0, 1, B])  # block 0's first two slots and block 1's first
+    assert torch.isfinite(cache.value[:, 0, :2]).all() and torch.isnan(cache.value[:, 0, 2:]).all()
     cache.poison([0])
-    assert torch.isnan(cache.key[:, 0]).all()
-    assert (cache.value[:, 0] == torch.finfo(torch.float32).max).all()
+    assert torch.isnan(cache.key[:, 0]).all() and torch.isnan(cache.value[:, 0]).all()
+    assert torch.isfinite(cache.value[:, 1, 0]).all()  # other blocks keep their tokens
 
 
 def test_one_layer_written_is_reported():
