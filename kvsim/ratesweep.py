@@ -282,7 +282,8 @@ def rate_sweep(
     return RateSweepResult(
         table=table, sustained=pd.DataFrame(sust, columns=["strategy", "sustained_rate_per_s", "limit"]),
         latency_bound_s=float(latency_bound_s), unloaded_latency_s=float(unloaded),
-        workload=f"{workload.name}" + (f" ({workload.description})" if workload.description else ""),
+        workload=workload.description if workload.description.startswith(workload.name) else
+        f"{workload.name}" + (f" ({workload.description})" if workload.description else ""),
         num_requests=len(workload), arrivals=arrivals, model=model.describe(),
         kv_memory_bytes=int(kv_memory_bytes), block_size=int(block_size), max_len=int(max_len),
     )

@@ -135,7 +135,7 @@ def rate_sweep_figure(df: pd.DataFrame, assumed: str, *, latency_bound_s: float 
     if latency_bound_s is not None and len(df):
         rates = [0.0, float(df["rate_per_s"].max())]
         fig.add_trace(go.Scatter(x=rates, y=[latency_bound_s] * 2, mode="lines", hoverinfo="name",
-                                 name=f"latency bound {latency_bound_s:g} s/token", line=dict(color="#495057", dash="dot")))
+                                 name=f"latency bound {latency_bound_s:.3g} s/token", line=dict(color="#495057", dash="dot")))
     return _layout(
         fig,
         title=_title("Normalized latency versus request rate: where each strategy's latency explodes", assumed),
