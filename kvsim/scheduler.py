@@ -562,7 +562,13 @@ class Engine:
         max_tokens = self.cfg.max_num_batched_tokens
         t = 0
         forced: int | None = 0  # step 0 is always recorded
+        quiet_ok = self.paged
         while True:
+            if quiet_ok and forced is None and not waiting and not self._multi and heap:
+                limit = fin[0][0] if fin else 1 << 62
+                if self.a_ptr < n_req and arrival_step[self.a_ptr] < limit:
+                    limit = arrival_step[self.a_ptr]
+                t = self._boundary_run(t, limit)
             # the next step where anything can happen
             nxt = forced
             if heap:
@@ -607,6 +613,65 @@ class Engine:
             t += 1
             if not running and not waiting and self.a_ptr >= n_req:
                 break
+
+    def _boundary_run(self, t: int, limit: int) -> int:
+        """Process steps before ``limit`` at which only block boundaries happen (nothing
+        waits, nothing arrives or finishes, every request is one sequence, and there are
+        enough free blocks for every running sequence to cross at once: no preemption).
+        Records their rows; returns the step after the last one processed."""
+        heap, groups, pool = self._heap, self._groups, self.mem.pool
+        mem = self.mem
+        B, block_bytes, bpt, cap, nblocks = mem.block_size, mem.block_bytes, mem.bytes_per_token, mem.capacity_bytes, mem.num_blocks
+        heappop, heappush = heapq.heappop, heapq.heappush
+        rows = self._rows
+        M = self.M
+        running = self.num_running_seqs
+        tail = (pool.prefix_hit_blocks, pool.prefix_query_blocks, self.preemptions, self.finished, self.dropped, M)
+        # The pool's internals are used directly here (this is the hottest loop of a replay):
+        # each crossing sequence appends one block from the free stack; counters are
+        # updated per step. BlockPool.grow_many_into_new_blocks is the checked equivalent.
+        seqs, plain, ref = pool._seqs, pool._free_plain, pool._ref
+        while heap and pool.num_free_blocks >= M:
+            ts = heap[0] >> 48
+            if ts >= limit:
+                break
+            grown = 0
+            synced = 0
+            while heap and heap[0] >> 48 == ts:
+                key = heappop(heap)
+                g = groups.get((key >> 12) & _ORDER_MASK)
+                if g is None or g.ver[0] != ts:
+                    continue
+                k = ts - g.sync[0]
+                sq = seqs[g.sids[0]]
+                if plain:
+                    b = plain.pop()
+                    ref[b] = 1
+                    pool.num_free_blocks -= 1
+                else:
+                    b = pool._take(1)[0]
+                sq.table.append(b)
+                sq.num_tokens += k
+                grown += 1
+                synced += k
+                g.sync[0] = ts
+                nxt = ts + B
+                if nxt <= g.finish_step:
+                    g.ver[0] = nxt
+                    heappush(heap, key + (B << 48))
+                else:
+                    g.ver[0] = -1
+            if not grown:
+                continue
+            pool.num_table_refs += grown
+            pool.num_live_tokens += synced
+            self.S += synced
+            live = pool.num_live_tokens + M * ts - self.S
+            alloc = (nblocks - pool.num_free_blocks) * block_bytes
+            rows.append((ts, running, 0, live, alloc, 0, alloc - live * bpt, 0, cap - alloc,
+                         (pool.num_table_refs - nblocks + pool.num_free_blocks) * block_bytes) + tail)
+            t = ts + 1
+        return t
 
     def _run_events_timed(self) -> None:
         """Every step is visited (its duration needs the batch), but the pool is touched only
