@@ -31,6 +31,7 @@ stretches or compresses it to each mean rate.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -134,6 +135,16 @@ class RateSweepResult:
 def _records(df: pd.DataFrame) -> list[dict]:
     return [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()}
             for row in df.to_dict(orient="records")]
+
+
+def _workload_label(workload: Workload) -> str:
+    """Name and lengths of the workload; its own arrival mode is dropped (the sweep re-times it)."""
+    desc = re.sub(r",?\s*arrivals [^,;)]*", "", workload.description or "").strip(" ,;")
+    stats = workload.stats()
+    lengths = f"mean prompt {stats['mean_prompt_tokens']:.0f}, output {stats['mean_output_tokens']:.0f} tokens"
+    if desc.startswith(workload.name):
+        return f"{desc}; {lengths}"
+    return f"{workload.name} ({desc}; {lengths})" if desc else f"{workload.name} ({lengths})"
 
 
 def sustained_rate(rates: Sequence[float], latencies: Sequence[float | None], bound_s: float) -> tuple[float | None, str]:
@@ -282,8 +293,7 @@ def rate_sweep(
     return RateSweepResult(
         table=table, sustained=pd.DataFrame(sust, columns=["strategy", "sustained_rate_per_s", "limit"]),
         latency_bound_s=float(latency_bound_s), unloaded_latency_s=float(unloaded),
-        workload=workload.description if workload.description.startswith(workload.name) else
-        f"{workload.name}" + (f" ({workload.description})" if workload.description else ""),
+        workload=_workload_label(workload),
         num_requests=len(workload), arrivals=arrivals, model=model.describe(),
         kv_memory_bytes=int(kv_memory_bytes), block_size=int(block_size), max_len=int(max_len),
     )
