@@ -453,6 +453,11 @@ class Engine:
             self._last_progress = frac
             self.progress(min(1.0, frac))
 
+    @property
+    def visited_steps(self) -> int:
+        """Steps the replay processed itself (the event-driven one fills the others in)."""
+        return len(self._rows)
+
     def _done(self) -> bool:
         return not self.running and not self.waiting and self.a_ptr >= len(self.reqs)
 
