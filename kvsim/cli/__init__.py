@@ -16,7 +16,7 @@ from kvsim import __version__
 from kvsim.errors import KvsimError
 
 #: Modules under kvsim.cli, one per command, in the order `kvsim --help` lists them.
-COMMANDS = ("models", "calc", "capacity", "simulate", "live", "engine")
+COMMANDS = ("models", "calc", "capacity", "cost", "simulate", "live", "engine")
 
 
 class _Parser(argparse.ArgumentParser):
