@@ -256,7 +256,7 @@ _ROW_KEYS = ("step", "running", "waiting", "live_tokens", "allocated_bytes", "re
 
 
 class Engine:
-    """One replay of a workload through a memory backend (use :func:`replay`)."""
+    """One replay of a workload through a memory backend (:func:`kvsim.simulate.simulate` drives it)."""
 
     def __init__(self, workload: Workload, memory, config: SchedulerConfig, max_len: int,
                  step_time_fn: StepTimeFn | None, progress: Callable[[float], None] | None) -> None:
@@ -323,11 +323,11 @@ class Engine:
                 moved = True
         return moved
 
-    def _preempt_newest(self, t: int, lazy: bool) -> _Group:
+    def _preempt_newest(self, t: int) -> _Group:
         g = self.running.pop()
         g.alive = False
         self.mem.free(g)
-        self._remove_counts(g, t, lazy)
+        self._remove_counts(g)
         self.num_running_seqs -= g.n
         self.preemptions += 1
         self.preempted[g.idx] += 1
@@ -336,7 +336,7 @@ class Engine:
         self.waiting.appendleft((g.idx, done if g.n == 1 else 0))
         return g
 
-    def _remove_counts(self, g: _Group, t: int, lazy: bool) -> None:
+    def _remove_counts(self, g: _Group) -> None:
         if g.n > 1:
             self._multi -= 1
         if not self.paged:
@@ -344,7 +344,7 @@ class Engine:
         self.M -= g.n
         self.S -= sum(g.sync)
 
-    def _admit(self, t: int, budget: int, lazy: bool, prefills: list, cached_list: list) -> tuple[bool, bool]:
+    def _admit(self, t: int, budget: int, prefills: list, cached_list: list) -> tuple[bool, bool]:
         """Admission phase; returns (admitted any, dropped any)."""
         admitted = dropped = False
         cfg = self.cfg
@@ -387,19 +387,13 @@ class Engine:
             self._on_admit(g, t)
         return admitted, dropped
 
-
     def _finish(self, g: _Group, t: int) -> None:
         g.alive = False
         self.mem.free(g)
-        self._remove_counts(g, t, True)
+        self._remove_counts(g)
         self.num_running_seqs -= g.n
         self.finished += 1
         self.finish_step[g.idx] = t
-
-    def _stored_tokens(self, t: int) -> int:
-        if self.paged:
-            return self.mem.pool.num_live_tokens + self.M * t - self.S
-        return self.synced_tokens + self.M * t - self.S
 
     def _record(self, t: int) -> None:
         mem = self.mem
@@ -499,7 +493,7 @@ class Engine:
                         pool = mem.pool
                         need = pool.append_slots_needed(sid, 1)
                         while need > pool.num_free_blocks:
-                            victim = self._preempt_newest(t, lazy=False)
+                            victim = self._preempt_newest(t)
                             preempted = True
                             if victim is g:
                                 gone = True
@@ -527,7 +521,7 @@ class Engine:
             admitted = dropped = False
             if not preempted:
                 budget = self.cfg.max_num_batched_tokens - len(decode_ctx)
-                admitted, dropped = self._admit(t, budget, False, prefills, cached)
+                admitted, dropped = self._admit(t, budget, prefills, cached)
             self._step_time(t, prefills, cached, decode_ctx)
             for g in [g for g in self.running if g.finish_step == t]:
                 self.running.remove(g)
@@ -601,7 +595,7 @@ class Engine:
             if heap and heap[0] >> 48 <= t:
                 preempted = self._event_decode(t)
             if waiting and not preempted:
-                admitted, dropped = self._admit(t, max_tokens - self.M, True, [], [])
+                admitted, dropped = self._admit(t, max_tokens - self.M, [], [])
             while fin and fin[0][0] <= t:
                 order = heappop(fin)[1]
                 g = groups.pop(order, None)
@@ -703,7 +697,7 @@ class Engine:
                 preempted = self._event_decode(t)
                 if not preempted:
                     budget = self.cfg.max_num_batched_tokens - self.M
-                    admitted, dropped = self._admit(t, budget, True, prefills, cached)
+                    admitted, dropped = self._admit(t, budget, prefills, cached)
             if self._ctx_dirty:
                 ctx_base = self._build_ctx_base(t)
                 self._ctx_dirty = False
@@ -819,7 +813,7 @@ class Engine:
                 need = pool.append_slots_needed(sid, k)
                 gone = False
                 while need > pool.num_free_blocks:
-                    victim = self._preempt_newest(t, lazy=True)
+                    victim = self._preempt_newest(t)
                     groups.pop(victim.order, None)
                     preempted = True
                     if victim is g:
