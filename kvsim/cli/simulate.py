@@ -146,12 +146,13 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         data["timeline_path"] = args.timeline
     label = s.strategy + (" + prefix caching" if s.prefix_caching else "")
+    desc = workload.description or workload.name
     mem = "unlimited" if s.unlimited_memory else fmt_bytes(s.capacity_bytes)
     if s.num_blocks is not None:
         mem += f" ({s.num_blocks:,} blocks of {s.block_size} tokens)"
     lines = [
         f"{spec.name}, {label}, KV {args.kv_dtype}, tp {args.tp}, memory {mem}",
-        f"workload         {workload.description or workload.name}; arrivals {mode}",
+        f"workload         {desc}" + ("" if "arrivals" in desc else f"; arrivals {mode}"),
         f"requests         {s.finished:,} finished, {s.dropped:,} dropped, {s.preemptions:,} preemptions",
         f"steps            {s.steps:,}; running max {s.max_running}, mean {s.mean_running:.1f}",
         f"peak allocated   {fmt_bytes(s.peak_allocated_bytes)} (live {fmt_bytes(s.peak_live_bytes)} at most)",
