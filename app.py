@@ -12,6 +12,8 @@ st.set_page_config(page_title="kvsim: KV-cache explorer", page_icon=":material/m
 
 PAGES = [
     st.Page("pages/calculator.py", title="Calculator", icon=":material/calculate:", default=True),
+    st.Page("pages/block_table.py", title="Block table", icon=":material/grid_view:"),
+    st.Page("pages/strategies.py", title="Strategies", icon=":material/stacked_bar_chart:"),
     st.Page("pages/cost.py", title="Cost", icon=":material/speed:"),
     st.Page("pages/engine.py", title="Engine", icon=":material/monitoring:"),
     st.Page("pages/live.py", title="Live", icon=":material/play_circle:"),
