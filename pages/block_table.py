@@ -141,13 +141,13 @@ c[2].button("⏸ Pause" if playing else "▶ Play", key="bt_play", on_click=_tog
 
 @st.fragment(run_every=PLAY_INTERVAL_S if playing else None)
 def _stepper() -> None:
-    if st.session_state.get("bt_playing") and not st.session_state.pop("bt_user_moved", False):
-        if st.session_state[event_key] < last:
+    moved = st.session_state.pop("bt_user_moved", False)  # a click this run, not the timer
+    if st.session_state.get("bt_playing"):
+        if not moved and st.session_state[event_key] < last:
             st.session_state[event_key] += 1
         if st.session_state[event_key] >= last:
             st.session_state["bt_playing"] = False
             st.rerun()  # a full rerun drops the timer and relabels the Play button
-    st.session_state.pop("bt_user_moved", None)
     if last > 0:
         st.slider("Event", 0, last, key=event_key, format="%d", on_change=_mark_moved,
                   help="Step through the scenario: each event is one operation on the block pool.")
