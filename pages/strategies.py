@@ -292,9 +292,10 @@ if sweep is not None and len(sweep):
     st.subheader("Block size")
     st.plotly_chart(block_size_sweep_figure(sweep, assumed, current_block_size=shown["block_size"]), width="stretch")
     st.caption(
-        "Paged, one replay per block size with the same KV bytes: small blocks waste at most one partly filled block "
-        "per sequence, large blocks waste more slack per sequence, so fewer fit and more get preempted (the paper "
-        f"picks 16). Assumed: {assumed}."
+        "Paged, one replay per block size with the same KV bytes: every sequence wastes only its last block's empty "
+        "slots, which grow with the block size, so the token-state share falls and fewer sequences run at once; "
+        "preemptions count requests evicted to make room (the paper picks 16: small blocks cost kernel efficiency, "
+        f"which this memory simulation does not model). Assumed: {assumed}."
     )
 
 st.subheader("Downloads")

@@ -139,6 +139,7 @@ def fraction_figure(frame: pd.DataFrame, assumed: str) -> go.Figure:
     for col, name in cols:
         fig.add_trace(go.Bar(y=labels, x=frame[col].tolist(), name=name, orientation="h", marker_color=colors[name],
                              text=[f"{v:.1f}" if v >= 6 else "" for v in frame[col]], textposition="inside",
+                             insidetextanchor="middle",
                              hovertemplate="%{y}: %{x:.1f} %<extra>" + name + "</extra>"))
     paper = frame["paper Fig. 2 token states (%)"]
     has = paper.notna()
@@ -168,7 +169,7 @@ def block_size_sweep_figure(sweep: pd.DataFrame, assumed: str, *, current_block_
     fig.add_trace(go.Scatter(x=x, y=(100 * sweep["internal_fraction"]).tolist(), name="internal fragmentation (%)",
                              mode="lines+markers", line=dict(color=CATEGORIES[2][2]),
                              hovertemplate="block %{x}: %{y:.1f} %<extra>internal fragmentation</extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(x=x, y=sweep["preemptions"].tolist(), name="preemptions (requests)", marker_color="#adb5bd",
+    fig.add_trace(go.Bar(x=x, y=sweep["preemptions"].tolist(), name="preemptions", marker_color="#adb5bd",
                          hovertemplate="block %{x}: %{y:,} preemptions<extra></extra>"), row=2, col=1)
     fig.add_trace(go.Scatter(x=x, y=sweep["max_running"].tolist(), name="max running (sequences)",
                              mode="lines+markers", line=dict(color=STRATEGY_COLORS["paged"]),
