@@ -144,19 +144,30 @@ def _read_csv(text: str, label: str, limit: int | None) -> pd.DataFrame:
     return df
 
 
+def _show(value: object) -> str:
+    """A cell's value as a user typed it: ``'abc'``, ``1.5``, or ``empty`` for NaN/None."""
+    if value is None or (isinstance(value, float) and value != value) or value is pd.NA or value is pd.NaT:
+        return "empty"
+    if isinstance(value, np.generic):
+        value = value.item()
+        if isinstance(value, float) and value != value:
+            return "empty"
+    return repr(value)
+
+
 def _lengths(col: pd.Series, label: str, what: str, rows_offset: int = 2) -> np.ndarray:
     values = pd.to_numeric(col, errors="coerce")
     bad = values.isna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise TraceError(f"{label}: row {i + rows_offset}: {what} is missing or not a number ({col.iloc[i]!r})")
+        raise TraceError(f"{label}: row {i + rows_offset}: {what} is missing or not a number ({_show(col.iloc[i])})")
     arr = values.to_numpy(dtype=float)
     if not np.isfinite(arr).all():
         i = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise TraceError(f"{label}: row {i + rows_offset}: {what} is not finite ({arr[i]!r})")
+        raise TraceError(f"{label}: row {i + rows_offset}: {what} is not finite ({_show(arr[i])})")
     if (arr != np.floor(arr)).any():
         i = int(np.flatnonzero(arr != np.floor(arr))[0])
-        raise TraceError(f"{label}: row {i + rows_offset}: {what} must be a whole number, got {arr[i]!r}")
+        raise TraceError(f"{label}: row {i + rows_offset}: {what} must be a whole number, got {_show(arr[i])}")
     if (arr < 1).any():
         i = int(np.flatnonzero(arr < 1)[0])
         raise TraceError(f"{label}: row {i + rows_offset}: {what} must be at least 1, got {int(arr[i])}")
@@ -168,13 +179,13 @@ def _arrivals(col: pd.Series, label: str, unit: str) -> np.ndarray:
         ts = pd.to_datetime(col, errors="coerce", format="ISO8601")
         if ts.isna().any():
             i = int(np.flatnonzero(ts.isna().to_numpy())[0])
-            raise TraceError(f"{label}: row {i + 2}: timestamp {col.iloc[i]!r} is not a date-time")
+            raise TraceError(f"{label}: row {i + 2}: timestamp {_show(col.iloc[i])} is not a date-time")
         secs = (ts - ts.iloc[0]).dt.total_seconds().to_numpy()
     else:
         raw = pd.to_numeric(col, errors="coerce")
         if raw.isna().any() or not np.isfinite(raw.to_numpy(dtype=float)).all():
             i = int(np.flatnonzero((raw.isna() | ~np.isfinite(raw.fillna(0).to_numpy(dtype=float))).to_numpy())[0])
-            raise TraceError(f"{label}: row {i + 2}: arrival time {col.iloc[i]!r} is not a number")
+            raise TraceError(f"{label}: row {i + 2}: arrival time {_show(col.iloc[i])} is not a number")
         secs = raw.to_numpy(dtype=float) / (1000.0 if unit == "ms" else 1.0)
         secs = secs - secs[0]
     back = np.flatnonzero(np.diff(secs) < 0)

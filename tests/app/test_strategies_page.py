@@ -6,16 +6,13 @@ one st.error line while the previous results stay on screen."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvsim.errors import KvsimError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for the app's ui package
-from ui.workload_choice import UPLOAD, WorkloadChoice, build_workload, read_upload, sha256_of, upload_columns  # noqa: E402
+from ui.workload_choice import UPLOAD, WorkloadChoice, build_workload, read_upload, sha256_of, upload_columns
 
 PAGE = "pages/strategies.py"
 MOONCAKE = (b'{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2], "output_length": 20}\n'
