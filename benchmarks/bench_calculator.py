@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import time
 
 import numpy as np
 
 from kvsim.calculator import kv_usage
+from kvsim.hostinfo import cpu_model
 from kvsim.spec import get_preset
 
 
@@ -45,8 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     lens = rng.integers(1, 131_072, size=args.n)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if platform.system() == "Linux" else platform.processor()
+    cpu = cpu_model()
     rows = []
     for preset in ("llama-3.1-8b", "gemma-3-27b"):
         spec = get_preset(preset)

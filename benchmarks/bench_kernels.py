@@ -48,18 +48,9 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
+from kvsim.hostinfo import cpu_model  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B attention
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def make_inputs(batch, context, dtype, device, seed=0):
@@ -292,7 +283,7 @@ def run_cpu(args) -> dict:
         got = kernels.paged_attention(q, kc, vc, bt, sl, backend="triton")
         interp = {"batch": 1, "context": 128, "ms": s * 1e3, "max_abs_diff_vs_torch": float((got - ref).abs().max())}
     return {
-        "device": f"cpu: {_cpu_model()} ({os.cpu_count()} logical cores, torch {torch.get_num_threads()} threads)",
+        "device": f"cpu: {cpu_model()} ({os.cpu_count()} logical cores, torch {torch.get_num_threads()} threads)",
         "dtype": "float32",
         "copy_gbs": copy_gbs,
         "timer": "time.perf_counter median",

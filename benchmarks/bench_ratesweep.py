@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 
@@ -31,25 +29,11 @@ from kvsim.costmodel import CostModel
 from kvsim.gpus import get_gpu
 from kvsim.ratesweep import PAPER_HEADLINE, PAPER_SOURCE, rate_sweep
 from kvsim.spec import get_preset
-from kvsim.traces import read_trace
+from kvsim.hostinfo import cpu_model
+from kvsim.traces import default_traces_dir as traces_dir, read_trace
 from kvsim.workloads import PRESET_WORKLOADS, preset_workload
 
 TRACE = "AzureLLMInferenceTrace_conv.csv"
-
-
-def traces_dir() -> Path:
-    env = os.environ.get("KVSIM_TRACES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:

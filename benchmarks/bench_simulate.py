@@ -17,31 +17,16 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 
 from kvsim.simulate import simulate
 from kvsim.spec import get_preset
-from kvsim.traces import read_trace
+from kvsim.hostinfo import cpu_model
+from kvsim.traces import default_traces_dir as traces_dir, read_trace
 from kvsim.units import GiB
 
 TRACE = "AzureLLMInferenceTrace_conv.csv"
-
-
-def traces_dir() -> Path:
-    env = os.environ.get("KVSIM_TRACES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def timed(fn, repeat: int):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,13 @@ def detect_format(text: str) -> str:
     if {"num_prefill_tokens", "num_decode_tokens"} & cols:
         return "sharegpt-stats"
     return "csv"
+
+
+def default_traces_dir() -> Path:
+    """Where this repository's tests and benchmarks look for the public traces:
+    ``$KVSIM_TRACES_DIR``, else ``shared/traces`` beside the repository's root."""
+    env = os.environ.get("KVSIM_TRACES_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 
 
 def read_trace(

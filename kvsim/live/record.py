@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 import kvsim
+from kvsim.hostinfo import cpu_model
 
 
 def git_commit() -> str:
@@ -27,17 +28,6 @@ def git_commit() -> str:
         return "unknown"
     commit = out.stdout.strip()
     return commit if out.returncode == 0 and len(commit) == 40 else "unknown"
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name (``model name`` in /proc/cpuinfo on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def package_version(name: str) -> str | None:

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from kvsim.cli import main
 from kvsim.simulate import SUMMARY_KEYS
-
-
-def traces_dir() -> Path:
-    env = os.environ.get("KVSIM_TRACES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+from kvsim.traces import default_traces_dir as traces_dir
 
 
 def run_json(capsys, *argv):

@@ -7,23 +7,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from kvsim.cli import main
 from kvsim.timeline import TIMELINE_COLUMNS
+from kvsim.traces import default_traces_dir as _traces_dir
 
 REQUIRED_KEYS = {"backend", "device", "steps", "measured_peak_kv_bytes", "predicted_peak_kv_bytes", "max_abs_error",
                  "tokens_match", "preemptions", "tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "record"}
 RECORD_KEYS = {"kvsim_version", "git_commit", "model", "seed", "attention_backend", "precision", "block_size",
                "num_blocks", "pool_bytes", "workload", "hardware", "torch_version", "triton_version"}
-
-
-def _traces_dir() -> Path:
-    env = os.environ.get("KVSIM_TRACES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 
 
 def _run_json(capsys, *argv) -> dict:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 
@@ -16,11 +14,7 @@ from kvsim.timeline import TIMELINE_COLUMNS
 from kvsim.traces import read_trace
 from kvsim.units import GiB
 from kvsim.workloads import preset_workload, workload_from_lengths
-
-
-def traces_dir() -> Path:
-    env = os.environ.get("KVSIM_TRACES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+from kvsim.traces import default_traces_dir as traces_dir
 
 
 def test_opt13b_12gib_sharegpt_like_paged_vs_reserve_max():

@@ -3,18 +3,13 @@ bad file giving one clear TraceError."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from kvsim.errors import KvsimError
 from kvsim.traces import ColumnMapping, TraceError, detect_format, read_trace
-
-
-def traces_dir() -> Path:
-    env = os.environ.get("KVSIM_TRACES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+from kvsim.traces import default_traces_dir as traces_dir
 
 
 def real_trace(name: str) -> Path:
