@@ -3,9 +3,10 @@ build-your-own mode reports mistakes with st.error while keeping the last pictur
 
 from __future__ import annotations
 
-import json
 
 from streamlit.testing.v1 import AppTest
+
+from tests.app.apphelpers import charts as _charts
 
 PAGE = "pages/block_table.py"
 
@@ -14,10 +15,6 @@ def _open(app: AppTest) -> AppTest:
     app.switch_page(PAGE).run()
     assert not app.exception
     return app
-
-
-def _charts(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
 def _trace(fig: dict, name: str) -> dict:

@@ -6,13 +6,7 @@ import json
 
 from streamlit.testing.v1 import AppTest
 
-from pathlib import Path
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-
-
-def metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+from tests.app.apphelpers import APP, metrics
 
 
 def test_opens_on_seed_example(app):

@@ -8,16 +8,16 @@ import base64
 import json
 import socket
 import threading
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.app.apphelpers import APP
+
 from kvsim.engine.sample import SAMPLE_LABEL, SAMPLE_VLLM_LOG
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 VLLM_TEXT = """\
 # TYPE vllm:num_requests_running gauge

@@ -4,27 +4,14 @@ the last result on screen."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+from tests.app.apphelpers import charts as _charts, metrics as _metrics, open_page
 
 
 def _open() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120).run()
-    at.switch_page("pages/live.py").run()
-    assert not at.exception
-    return at
-
-
-def _charts(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def _metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+    return open_page("pages/live.py", timeout=120)
 
 
 def _set_small(at: AppTest) -> None:

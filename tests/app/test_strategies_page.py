@@ -5,10 +5,11 @@ one st.error line while the previous results stay on screen."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from streamlit.testing.v1 import AppTest
+
+from tests.app.apphelpers import charts as _charts
 
 from kvsim.errors import KvsimError
 
@@ -34,10 +35,6 @@ def _open(app: AppTest) -> AppTest:
     app.switch_page(PAGE).run()
     assert not app.exception
     return app
-
-
-def _charts(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
 def _upload(at: AppTest, name: str, data: bytes) -> AppTest:
