@@ -3,7 +3,6 @@ build-your-own mode reports mistakes with st.error while keeping the last pictur
 
 from __future__ import annotations
 
-
 from streamlit.testing.v1 import AppTest
 
 from tests.app.apphelpers import charts as _charts

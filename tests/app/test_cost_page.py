@@ -3,7 +3,6 @@ the numbers; a model that does not fit the GPU warns instead of failing."""
 
 from __future__ import annotations
 
-
 from streamlit.testing.v1 import AppTest
 
 from tests.app.apphelpers import APP, charts as _charts, metrics as _metrics, open_page

@@ -4,7 +4,6 @@ the last result on screen."""
 
 from __future__ import annotations
 
-
 from streamlit.testing.v1 import AppTest
 
 from tests.app.apphelpers import charts as _charts, metrics as _metrics, open_page
