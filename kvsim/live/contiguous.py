@@ -28,7 +28,7 @@ import torch
 from kvsim.calculator import kv_usage
 from kvsim.errors import KvsimError
 from kvsim.live.cache import ContiguousKVCache
-from kvsim.live.engine import EngineRun, ProgressFn, RequestTrace, _Seq
+from kvsim.live.engine import EngineRun, ProgressFn, RequestTrace, _Seq, close_step, take_tokens
 from kvsim.live.model import LiveModel, dense_attention
 from kvsim.live.requests import LiveRequest
 from kvsim.timeline import make_timeline
@@ -95,30 +95,13 @@ class ContiguousEngine:
                 prefilling.append(seq)
 
             segments = self._forward(prefilling, decoding)
-            finished_now, first_now = [], []
-            for seq, token in segments:
-                seq.num_stored = len(seq.tokens)
-                seq.generated.append(token)
-                seq.tokens.append(token)
-                if len(seq.generated) == 1:
-                    first_now.append(seq)
-                if len(seq.generated) >= seq.req.max_new_tokens:
-                    finished_now.append(seq)
+            first_now, finished_now = take_tokens(segments)
             for seq in finished_now:
                 running.remove(seq)
                 self.cache.release(seq.req.request_id)
                 outputs[seq.req.request_id] = tuple(seq.generated)
                 finished += 1
-            if on_cuda:
-                torch.cuda.synchronize(device)
-            step_time = time.perf_counter() - t_start
-            clock += step_time
-            for seq in first_now:
-                traces[seq.req.request_id].first_token_s = clock
-            for seq in finished_now:
-                tr = traces[seq.req.request_id]
-                tr.finish_s = clock
-                tr.output_tokens = len(seq.generated)
+            step_time, clock = close_step(t_start, clock, device, first_now, finished_now, traces)
 
             m = self.cache.measure()
             lens = [s.num_stored for s in running]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -119,6 +119,39 @@ class _Seq:
         self.generated: list[int] = []
         self.num_stored = 0  # tokens whose K/V is in the cache
         self.order = 0  # admission counter (newest = largest)
+
+
+def take_tokens(pairs: Iterable[tuple[_Seq, int]]) -> tuple[list[_Seq], list[_Seq]]:
+    """Append each sequence's sampled token (its K/V is now stored up to the token before);
+    returns (sequences that produced their first token, sequences now finished)."""
+    first_now: list[_Seq] = []
+    finished_now: list[_Seq] = []
+    for seq, token in pairs:
+        seq.num_stored = len(seq.tokens)
+        seq.generated.append(token)
+        seq.tokens.append(token)
+        if len(seq.generated) == 1:
+            first_now.append(seq)
+        if len(seq.generated) >= seq.req.max_new_tokens:
+            finished_now.append(seq)
+    return first_now, finished_now
+
+
+def close_step(t_start: float, clock: float, device: torch.device, first_now: list[_Seq], finished_now: list[_Seq],
+               traces: dict[int, "RequestTrace"]) -> tuple[float, float]:
+    """End a step's timing (after the device has finished its work) and stamp first-token
+    and finish times on the requests' traces; returns (step_time_s, clock_s)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    step_time = time.perf_counter() - t_start
+    clock += step_time
+    for seq in first_now:
+        traces[seq.req.request_id].first_token_s = clock
+    for seq in finished_now:
+        tr = traces[seq.req.request_id]
+        tr.finish_s = clock
+        tr.output_tokens = len(seq.generated)
+    return step_time, clock
 
 
 def predicted_usage(spec, lens: Sequence[int], *, kv_dtype: str, block_size: int, shared_prefix_len: int = 0) -> tuple[int, int]:
@@ -288,31 +321,13 @@ class PagedEngine:
             recorded, segments = self._forward(prefilling, decoding, record=bool(check_now))
 
             # 6. sample, finish, free
-            finished_now: list[_Seq] = []
-            first_now: list[_Seq] = []
-            for seq, (lo, hi), token in segments:
-                seq.num_stored = len(seq.tokens)
-                seq.generated.append(token)
-                seq.tokens.append(token)
-                if len(seq.generated) == 1:
-                    first_now.append(seq)
-                if len(seq.generated) >= seq.req.max_new_tokens:
-                    finished_now.append(seq)
+            first_now, finished_now = take_tokens((seq, token) for seq, _, token in segments)
             for seq in finished_now:
                 running.remove(seq)
                 self._release(seq)
                 outputs[seq.req.request_id] = tuple(seq.generated)
                 finished += 1
-            if on_cuda:
-                torch.cuda.synchronize(device)
-            step_time = time.perf_counter() - t_start
-            clock += step_time
-            for seq in first_now:
-                traces[seq.req.request_id].first_token_s = clock
-            for seq in finished_now:
-                tr = traces[seq.req.request_id]
-                tr.finish_s = clock
-                tr.output_tokens = len(seq.generated)
+            step_time, clock = close_step(t_start, clock, device, first_now, finished_now, traces)
 
             # 7. measure (not timed)
             if check_now and recorded:
