@@ -180,6 +180,14 @@ class PagedMemory:
         g.sids = list(range(sid, sid + g.n))
         return True
 
+    def admit_single(self, g: _Group) -> None:
+        """:meth:`admit` of a one-sequence request without prefix caching, the caller having
+        checked that ``ceil(prompt_len / B)`` blocks are free."""
+        sid = self._next_sid
+        self._next_sid += 1
+        self.pool.allocate_uncached(sid, g.prompt_len)
+        g.sids = [sid]
+
     def free(self, g: _Group) -> None:
         for sid in g.sids:
             self.pool.free(sid)
@@ -286,6 +294,7 @@ class Engine:
         self.finished = 0
         self.dropped = 0
         self._rows: list[tuple] = []  # one tuple per recorded step, fields as _ROW_KEYS
+        self._cross_steps: list[int] = []  # one entry per block taken in _boundary_run (not rows)
         self.times: list[float] = []
         self.durations: list[float] = []  # modelled seconds of each step (idle gaps not included)
         self.clock = 0.0
@@ -345,39 +354,63 @@ class Engine:
         self.S -= sum(g.sync)
 
     def _admit(self, t: int, budget: int, prefills: list, cached_list: list) -> tuple[bool, bool]:
-        """Admission phase; returns (admitted any, dropped any)."""
+        """Admission phase; returns (admitted any, dropped any).
+
+        A one-sequence request on a paged pool without prefix caching (every request of a
+        plain trace replay) takes a shorter path with the same decisions: it is dropped
+        only for its final length (over ``max_len``, or more than ``ceil(final / B)``
+        blocks in the whole pool), it never exceeds ``max_num_seqs`` alone, it has no
+        cache hit, and it fits when ``ceil(prompt_len / B)`` blocks are free.
+        """
         admitted = dropped = False
         cfg = self.cfg
-        while self.waiting:
-            idx, done = self.waiting[0]
-            req = self.reqs[idx]
-            reason = self._drop_reason(req)
+        waiting, reqs, mem = self.waiting, self.reqs, self.mem
+        simple = self.paged and not mem.prefix_caching
+        if simple:
+            pool, B, max_len = mem.pool, mem.block_size, self.max_len
+        while waiting:
+            idx, done = waiting[0]
+            req = reqs[idx]
+            single = simple and req.num_samples == 1 and req.beam_width == 1
+            if single:
+                final = req.prompt_tokens + req.output_tokens - 1
+                ok = final <= max_len and -(-final // B) <= pool.num_blocks
+                reason = None if ok else self._drop_reason(req)
+            else:
+                reason = self._drop_reason(req)
             if reason is not None:
-                self.waiting.popleft()
+                waiting.popleft()
                 self.drop_reasons[idx] = reason
                 self.dropped += 1
                 dropped = True
                 continue
-            if self.num_running_seqs + req.num_seqs > cfg.max_num_seqs:
+            n = 1 if single else req.num_seqs
+            if self.num_running_seqs + n > cfg.max_num_seqs:
                 break
             prompt_len = req.prompt_tokens + done
-            cached = self.mem.cached_tokens(idx, req, prompt_len) if self.paged else 0
+            cached = mem.cached_tokens(idx, req, prompt_len) if self.paged and not single else 0
             compute = prompt_len - cached
             if prefills and compute > budget:
                 break
-            g = _Group(idx, req, self.order, t, prompt_len, done)
-            if not self.mem.admit(g):
-                break
+            if single:
+                if -(-prompt_len // B) > pool.num_free_blocks:
+                    break
+                g = _Group(idx, req, self.order, t, prompt_len, done)
+                mem.admit_single(g)
+            else:
+                g = _Group(idx, req, self.order, t, prompt_len, done)
+                if not mem.admit(g):
+                    break
             self.order += 1
-            self.waiting.popleft()
+            waiting.popleft()
             self.running.append(g)
-            self.num_running_seqs += g.n
-            if g.n > 1:
+            self.num_running_seqs += n
+            if n > 1:
                 self._multi += 1
-            self.M += g.n
-            self.S += t * g.n
+            self.M += n
+            self.S += t * n
             if not self.paged:
-                self.synced_tokens += prompt_len * g.n
+                self.synced_tokens += prompt_len * n
             budget -= compute
             prefills.append(compute)
             cached_list.append(cached)
@@ -450,7 +483,7 @@ class Engine:
     @property
     def visited_steps(self) -> int:
         """Steps the replay processed itself (the event-driven one fills the others in)."""
-        return len(self._rows)
+        return len(self._rows) + len(set(self._cross_steps))
 
     def _done(self) -> bool:
         return not self.running and not self.waiting and self.a_ptr >= len(self.reqs)
@@ -614,63 +647,80 @@ class Engine:
                 break
 
     def _boundary_run(self, t: int, limit: int) -> int:
-        """Process steps before ``limit`` at which only block boundaries happen (nothing
-        waits, nothing arrives or finishes, every request is one sequence, and there are
-        enough free blocks for every running sequence to cross at once: no preemption).
-        Records their rows; returns the step after the last one processed."""
+        """Process the steps before ``limit`` at which only block boundaries happen, without
+        recording a row for them; returns the step after the last one processed.
+
+        Preconditions (checked by the caller): nothing waits, nothing arrives or finishes
+        before ``limit`` (it is the next arrival or finish step), and every running request
+        is a single sequence, so each current heap entry is one sequence filling its last
+        block and taking exactly one new block, B steps after the previous one. The window
+        is cut before the first step at which fewer blocks are free than sequences run
+        (there a crossing could preempt, which the general path handles).
+
+        Fast path. Entries are popped in heap order, i.e. by (step, admission order), the
+        order in which the step-by-step replay takes blocks; each crossing takes the next
+        block of the free queue and is rescheduled B steps on with one ``heapreplace``.
+        Rows: at such a step only the allocation changes (live tokens grow by ``M`` a
+        step as in a quiet step, the shared bytes and every counter are unchanged), so
+        instead of a row per step the crossing steps are appended to ``_cross_steps`` and
+        :meth:`_log` adds the blocks they took to the quiet-step fill of the previous row.
+        """
         heap, groups, pool = self._heap, self._groups, self.mem.pool
-        mem = self.mem
-        B, block_bytes, bpt, cap, nblocks = mem.block_size, mem.block_bytes, mem.bytes_per_token, mem.capacity_bytes, mem.num_blocks
-        heappop, heappush = heapq.heappop, heapq.heappush
-        rows = self._rows
+        B = self.mem.block_size
         M = self.M
-        running = self.num_running_seqs
-        tail = (pool.prefix_hit_blocks, pool.prefix_query_blocks, self.preemptions, self.finished, self.dropped, M)
-        # The pool's internals are used directly here (this is the hottest loop of a replay):
-        # each crossing sequence appends one block from the free stack; counters are
-        # updated per step. BlockPool.grow_many_into_new_blocks is the checked equivalent.
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
+        cross = self._cross_steps.append
+        # The pool's internals are used directly here (this is the hottest loop of a replay);
+        # BlockPool.grow_many_into_new_blocks is the checked equivalent.
         seqs, plain, ref = pool._seqs, pool._free_plain, pool._ref
-        while heap and pool.num_free_blocks >= M:
-            ts = heap[0] >> 48
-            if ts >= limit:
-                break
-            grown = 0
-            synced = 0
-            while heap and heap[0] >> 48 == ts:
-                key = heappop(heap)
-                g = groups.get((key >> 12) & _ORDER_MASK)
-                if g is None or g.ver[0] != ts:
-                    continue
-                k = ts - g.sync[0]
-                sq = seqs[g.sids[0]]
-                if plain:
-                    b = plain.pop()
-                    ref[b] = 1
-                    pool.num_free_blocks -= 1
-                else:
-                    b = pool._take(1)[0]
-                sq.table.append(b)
-                sq.num_tokens += k
-                grown += 1
-                synced += k
-                g.sync[0] = ts
-                nxt = ts + B
-                if nxt <= g.finish_step:
-                    g.ver[0] = nxt
-                    heappush(heap, key + (B << 48))
-                else:
-                    g.ver[0] = -1
-            if not grown:
+        free = pool.num_free_blocks  # blocks free before the step being processed
+        if free < M:
+            return t
+        step = -1  # step of the entries being popped
+        last = -1  # last step with a crossing
+        grown = synced = 0
+        while heap:
+            key = heap[0]
+            ts = key >> 48
+            if ts != step:
+                # a new step: stop at limit, or when its crossings might not all find a block
+                if ts >= limit or free < M:
+                    break
+                step = ts
+            g = groups.get((key >> 12) & _ORDER_MASK)
+            if g is None or g.ver[0] != ts:
+                heappop(heap)  # stale: its request finished or was preempted
                 continue
-            pool.num_table_refs += grown
-            pool.num_live_tokens += synced
-            self.S += synced
-            live = pool.num_live_tokens + M * ts - self.S
-            alloc = (nblocks - pool.num_free_blocks) * block_bytes
-            rows.append((ts, running, 0, live, alloc, 0, alloc - live * bpt, 0, cap - alloc,
-                         (pool.num_table_refs - nblocks + pool.num_free_blocks) * block_bytes) + tail)
-            t = ts + 1
-        return t
+            if plain:
+                b = plain.pop()
+                ref[b] = 1
+                pool.num_free_blocks -= 1
+            else:
+                b = pool._take(1)[0]  # evicts the least recently used cached block
+            free -= 1
+            k = ts - g.sync[0]  # tokens since the last sync, this step's included
+            sq = seqs[g.sids[0]]
+            sq.table.append(b)
+            sq.num_tokens += k
+            g.sync[0] = ts
+            synced += k
+            grown += 1
+            cross(ts)
+            last = ts
+            nxt = ts + B
+            if nxt <= g.finish_step:
+                g.ver[0] = nxt
+                heapreplace(heap, key + (B << 48))  # same heap contents as pop then push
+            else:
+                g.ver[0] = -1
+                heappop(heap)
+        if not grown:
+            return t
+        assert pool.num_free_blocks == free
+        pool.num_table_refs += grown
+        pool.num_live_tokens += synced
+        self.S += synced
+        return last + 1
 
     def _run_events_timed(self) -> None:
         """Every step is visited (its duration needs the batch), but the pool is touched only
@@ -858,12 +908,15 @@ class Engine:
         arr = np.array(self._rows, dtype=np.int64).reshape(-1, len(_ROW_KEYS))
         rows = {k: arr[:, i] for i, k in enumerate(_ROW_KEYS)}
         steps = rows["step"]
-        if steps.size and (steps[-1] + 1 != steps.size):
-            # event-driven without a time model: fill the quiet steps between recorded ones;
-            # nothing changes there except that every running sequence stores one token a step
-            gaps = np.diff(np.append(steps, steps[-1] + 1))
+        cross = np.asarray(self._cross_steps, dtype=np.int64)
+        n = int(max(steps[-1], cross[-1] if cross.size else 0)) + 1 if steps.size else 0
+        if steps.size and n != steps.size:
+            # event-driven without a time model: fill the steps between recorded ones. In a
+            # quiet step nothing changes except that every running sequence stores one token;
+            # a boundary step (see _boundary_run) also takes the blocks counted in cross.
+            gaps = np.diff(np.append(steps, n))
             src = np.repeat(np.arange(steps.size), gaps)
-            full = np.arange(steps[-1] + 1)
+            full = np.arange(n)
             off = full - steps[src]
             grow = rows["slope"][src] * off
             rows = {k: v[src] for k, v in rows.items()}
@@ -872,6 +925,14 @@ class Engine:
             bpt = self.mem.bytes_per_token
             if self.paged:
                 rows["internal_frag_bytes"] = rows["internal_frag_bytes"] - grow * bpt
+                if cross.size:
+                    # blocks taken by boundary crossings since the step's source row (a
+                    # recorded row's pool state already includes all crossings before it)
+                    taken = np.cumsum(np.bincount(cross, minlength=n))
+                    extra = (taken - taken[steps[src]]) * self.mem.block_bytes
+                    rows["allocated_bytes"] = rows["allocated_bytes"] + extra
+                    rows["internal_frag_bytes"] = rows["internal_frag_bytes"] + extra
+                    rows["free_bytes"] = rows["free_bytes"] - extra
             else:
                 rows["reserved_bytes"] = rows["reserved_bytes"] - grow * bpt
         assert steps.size == 0 or steps[0] == 0

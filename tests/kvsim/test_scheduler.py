@@ -241,3 +241,60 @@ def test_event_driven_visits_only_event_steps():
         visited[events] = eng.visited_steps
         assert len(log.rows["step"]) == 400
     assert visited == {False: 400, True: 1 + 25 + 1}
+
+
+# ----- the event-driven fast paths: boundary-only windows, single-sequence admission ------
+
+
+def test_boundary_window_is_cut_by_free_blocks():
+    # 3 requests, P=4, O=60, B=4, all at once, 30 blocks: all three cross at the same steps
+    # and need 16 blocks each at the end. The boundary-only window runs while a block is free
+    # for every running sequence (27, 24, ..., 3 free before the crossing steps), then the
+    # general path preempts the newest request.
+    w = workload_from_lengths([4] * 3, [60] * 3)
+    r = both(w, strategy="paged", block_size=4, num_blocks=30, bytes_per_token=1, max_len=128)
+    assert r.summary.preemptions >= 1 and r.summary.finished == 3
+    mem, _ = _memory_for("paged", False, w, 4, 1, 30, None, 128)
+    eng = Engine(w, mem, SchedulerConfig(), 128, None, None)
+    eng.run_events()
+    # steps 1, 5, ..., 33 (27 free blocks, 3 a step) go through the window; step 37, with no
+    # block free, through the general path, which preempts; later windows run again
+    assert eng._cross_steps[:27] == [s for s in range(1, 34, 4) for _ in range(3)]
+    assert 37 not in eng._cross_steps and len(eng._cross_steps) > 27
+    mem.pool.check_invariants()
+
+
+@st.composite
+def long_single_workloads(draw):
+    """Long-running one-sequence requests (the window path) with some arrivals spread out."""
+    n = draw(st.integers(2, 12))
+    reqs, t = [], 0.0
+    for _ in range(n):
+        t += draw(st.sampled_from([0.0, 0.0, 0.02, 0.1, 0.4]))
+        shared = draw(st.sampled_from([0, 0, 8]))
+        reqs.append(Request(t, shared + draw(st.integers(1, 40)), draw(st.integers(1, 120)),
+                            shared_prefix_tokens=shared))
+    return Workload("long", tuple(reqs))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    w=long_single_workloads(),
+    prefix=st.booleans(),
+    block_size=st.sampled_from([1, 2, 3, 4, 8]),
+    num_blocks=st.integers(4, 80),
+    max_seqs=st.integers(1, 12),
+    timed=st.booleans(),
+)
+def test_event_driven_equals_step_by_step_long_single_sequences(w, prefix, block_size, num_blocks, max_seqs, timed):
+    # tight memory: boundary windows end because free blocks run short, then preemptions;
+    # with prefix caching the free stack empties and windows evict cached blocks
+    fn = (lambda b: 0.01 + 0.001 * len(b.decode_context_lens)) if timed else None
+    r = both(w, strategy="paged+prefix" if prefix else "paged", block_size=block_size, num_blocks=num_blocks,
+             bytes_per_token=3, max_len=256, scheduler=SchedulerConfig(max_num_seqs=max_seqs), step_time_fn=fn)
+    assert r.summary.finished + r.summary.dropped == len(w)
+    mem, _ = _memory_for("paged", prefix, w, block_size, 3, num_blocks, None, 256)
+    eng = Engine(w, mem, SchedulerConfig(max_num_seqs=max_seqs), 256, None, None)
+    eng.run_events()
+    mem.pool.check_invariants()
+    assert mem.pool.num_used_blocks == 0
