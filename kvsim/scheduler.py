@@ -34,7 +34,9 @@ once the clock has reached its arrival, and idle gaps are skipped (no rows).
 Two replays give identical results: ``event_driven=False`` walks every step and every
 sequence; ``event_driven=True`` touches the pool only at block boundaries, arrivals and
 finishes (a heap of per-sequence events), counts tokens in between in closed form, and
-fills the rows of quiet steps with numpy. The tests compare both on random workloads.
+fills the rows of quiet steps with numpy; a step where only block boundaries happen gets no
+row either, only a note of the blocks it took (``Engine._boundary_run``). The tests compare
+both on random workloads.
 """
 
 from __future__ import annotations
@@ -646,7 +648,7 @@ class Engine:
             if not running and not waiting and self.a_ptr >= n_req:
                 break
 
-    def _boundary_run(self, t: int, limit: int) -> int:
+    def _boundary_run(self, t: int, limit: int, record: bool = True) -> int:
         """Process the steps before ``limit`` at which only block boundaries happen, without
         recording a row for them; returns the step after the last one processed.
 
@@ -664,12 +666,14 @@ class Engine:
         step as in a quiet step, the shared bytes and every counter are unchanged), so
         instead of a row per step the crossing steps are appended to ``_cross_steps`` and
         :meth:`_log` adds the blocks they took to the quiet-step fill of the previous row.
+        ``record=False`` is for an event step (``limit = t + 1``), whose row :meth:`_record`
+        takes from the pool afterwards.
         """
         heap, groups, pool = self._heap, self._groups, self.mem.pool
         B = self.mem.block_size
         M = self.M
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        cross = self._cross_steps.append
+        cross = self._cross_steps.append if record else [].append
         # The pool's internals are used directly here (this is the hottest loop of a replay);
         # BlockPool.grow_many_into_new_blocks is the checked equivalent.
         seqs, plain, ref = pool._seqs, pool._free_plain, pool._ref
@@ -691,6 +695,7 @@ class Engine:
             if g is None or g.ver[0] != ts:
                 heappop(heap)  # stale: its request finished or was preempted
                 continue
+            assert ts >= t, "a current pool event was skipped"
             if plain:
                 b = plain.pop()
                 ref[b] = 1
@@ -821,6 +826,12 @@ class Engine:
         heappop, heappush = heapq.heappop, heapq.heappush
         grow = pool.grow_into_new_block
         synced = 0
+        # Fastest path: every running request is single and a block is free for each running
+        # sequence (at most M are due): the boundary loop, for this one step. Entries before
+        # t are stale (the replay never skips a current one), so limit t + 1 takes only t's.
+        if not self._multi and pool.num_free_blocks >= self.M:
+            self._boundary_run(t, t + 1, record=False)
+            return False
         # Fast path: single sequences crossing a boundary, with a free block for each (no
         # preemption possible), are grown in one pool call, in heap order.
         due: list[tuple[int, _Group]] = []
