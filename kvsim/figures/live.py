@@ -71,10 +71,11 @@ def activity_figure(timeline: pd.DataFrame, assumed: str) -> go.Figure:
                              line=dict(color=WAITING_COLOR, shape="hv")))
     fig.add_trace(go.Scatter(x=steps, y=paged["preemptions"].tolist(), name="preemptions (cumulative)",
                              mode="lines", yaxis="y2", line=dict(color=PREEMPT_COLOR, dash="dash", shape="hv")))
+    top = max(1, int(paged["preemptions"].max()) if len(paged) else 0)  # a count: whole ticks, from 0
     return _layout(fig, title=_title("Active requests and preemptions (paged engine)", assumed),
                    xaxis_title="engine step", yaxis_title="requests",
-                   yaxis2=dict(title="preemptions (cumulative)", overlaying="y", side="right", rangemode="tozero",
-                               showgrid=False))
+                   yaxis2=dict(title="preemptions (cumulative)", overlaying="y", side="right",
+                               range=[0, top * 1.05], tickformat=",d", showgrid=False))
 
 
 def step_time_figure(compare: pd.DataFrame, assumed: str) -> go.Figure:
