@@ -45,11 +45,16 @@ def test_query_params_seed_the_page():
     assert m["Bytes per token"] == "131,072" and m["Blocks"] == "4" and m["Slack tokens"] == "28"
 
 
-def test_capacity_that_cannot_fit_is_an_error_not_a_crash(app):
-    app.selectbox(key="sb_model").set_value("llama-3.1-70b").run()
-    app.selectbox(key="calc_gpu").set_value("l4").run()
-    assert not app.exception
-    assert any("no room for a KV cache" in e.value for e in app.error)
+def test_capacity_that_cannot_fit_is_an_error_not_a_crash():
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.query_params["model"] = "llama-3.1-70b"
+    at.query_params["tp"] = "4"  # 32.9 GiB of bf16 weights per GPU: fits the default A100 40GB
+    at.run()
+    assert not at.exception and not at.error
+    at.selectbox(key="calc_gpu").set_value("l4").run()  # 0.9 x 22.5 GiB cannot hold them
+    assert not at.exception
+    assert any("no room for a KV cache" in e.value for e in at.error)
+    assert metrics(at)["Bytes per token"] == f"{2 * 2 * 128 * 2 * 80:,}"  # the calculator above still shows
 
 
 def test_custom_model_from_sidebar():
