@@ -24,10 +24,12 @@ gpu_triton = has_cuda and kernels.triton_mode() == "triton"
 st.title("Live: a real paged KV cache, measured")
 st.caption(
     f"A Llama-style decoder (RMSNorm, rotary, GQA, SwiGLU) with seeded random weights, shaped like {spec.name} "
-    "scaled down, decodes greedily through a paged KV pool: the block pool decides admission, block tables, "
-    "prefix hits and preemption; K/V are written and read by the paged-attention kernels. The cache is poisoned "
-    "(NaN) where it holds nothing, so its usage is counted from the tensor itself and set beside the calculator's "
-    "prediction from the sequence lengths alone. The same requests then run with one max-length reservation each."
+    "scaled down, decodes greedily through a paged KV pool (with several samples per request, the prompt is "
+    "forked and the extra samples sample with seeded generators): the block pool decides admission, block "
+    "tables, prefix hits, copy-on-write and preemption; K/V are written and read by the paged-attention kernels. "
+    "The cache is poisoned (NaN) where it holds nothing, so its usage is counted from the tensor itself and set "
+    "beside the calculator's prediction from the sequence lengths and the sharing structure alone. The same "
+    "requests then run with one max-length reservation each."
 )
 
 c = st.columns(4)
@@ -58,18 +60,22 @@ num_requests = int(c[1].number_input("Requests", 1, 10_000, 12, key="live_reques
 prompt_len = c[2].text_input("Prompt lengths", "uniform:16:64", key="live_prompt", disabled=workload_kind != "synthetic",
                              help="N, fixed:N, uniform:LOW:HIGH or lognormal:MEAN:SIGMA")
 output_len = c[3].text_input("Output lengths", "uniform:16:64", key="live_output", disabled=workload_kind != "synthetic")
-c = st.columns(4)
+c = st.columns(5)
 shared_prefix = int(c[0].number_input("Shared prompt prefix (tokens)", 0, 100_000, 0, key="live_prefix",
                                       help="A system prompt every request starts with; the prefix cache shares it."))
 arrivals = c[1].text_input("Arrivals", "all-at-once", key="live_arrivals", help="all-at-once or poisson:RATE (per s)")
 max_len = int(c[2].number_input("Max length (tokens)", 2, 65_536, 256, key="live_max_len",
                                 help="Longest request (lengths are scaled to fit) and the contiguous reservation."))
 prefix_caching = c[3].checkbox("Prefix caching", value=True, key="live_prefix_caching")
+num_samples = int(c[4].number_input("Samples per request", 1, 64, 1, key="live_samples",
+                                    help="Parallel sampling: the prompt is prefilled once and forked; the samples "
+                                         "share its blocks copy-on-write (sample 0 greedy, the others seeded "
+                                         "sampling). They count against the max running sequences together."))
 
 
 def _settings():
     workload = make_workload(workload_kind, num_requests=num_requests, prompt=prompt_len, output=output_len,
-                             arrivals=arrivals, shared_prefix=shared_prefix, seed=0)
+                             arrivals=arrivals, shared_prefix=shared_prefix, seed=0, num_samples=num_samples)
     model = scaled_config(spec, size)
     settings = LiveSettings(model=model, engine=EngineConfig(block_size=block_size, num_blocks=1,
                             max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching, backend=backend),
@@ -130,6 +136,11 @@ m[0].metric("Throughput", f"{s['tokens_per_s']:,.0f} tok/s")
 m[1].metric("TTFT p50 / p99", f"{s['ttft_p50_ms']:,.0f} / {s['ttft_p99_ms']:,.0f} ms")
 m[2].metric("TPOT p50 / p99", f"{s['tpot_p50_ms']:,.1f} / {s['tpot_p99_ms']:,.1f} ms")
 m[3].metric("Prefix-cache hits", f"{s['prefix_hit_blocks']:,} blocks")
+if s["samples_per_request"] > 1:
+    m = st.columns(4)
+    m[0].metric("Samples per request", f"{s['samples_per_request']}")
+    m[1].metric("Copy-on-write copies", f"{s['cow_copies']:,}",
+                help="Shared, partly filled prompt blocks copied at a sample's first append (kernels.copy_blocks).")
 
 st.plotly_chart(kv_timeline_figure(result.timeline, assumed), width="stretch")
 st.caption(
@@ -140,7 +151,8 @@ st.caption(
 )
 st.plotly_chart(activity_figure(result.timeline, assumed), width="stretch")
 st.caption(
-    f"Running and waiting requests per step (FCFS admission, at most {settings.engine.max_num_seqs} running), and "
+    f"Running sequences and waiting requests per step (FCFS admission, at most {settings.engine.max_num_seqs} "
+    "sequences running; a request's samples count one each), and "
     "preemptions by recompute of the newest request when the pool runs out of blocks. Assumed: " + assumed + "."
 )
 

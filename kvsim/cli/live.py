@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--arrivals", default="all-at-once", help="all-at-once, poisson:RATE or trace (default all-at-once)")
     w.add_argument("--shared-prefix", type=_nonneg_int, default=0,
                    help="tokens of a system prompt shared by every request (default 0)")
+    w.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="parallel samples per request: the prompt is prefilled once and forked N-1 times, blocks "
+                        "shared copy-on-write; sample 0 greedy, the others seeded sampling (default 1)")
     w.add_argument("--max-len", type=positive_int, default=256,
                    help="longest request; lengths are scaled to fit; the contiguous reservation (default 256)")
     w.add_argument("--steps-per-s", type=positive_float, default=10.0,
@@ -96,7 +99,7 @@ def settings_from_args(args: argparse.Namespace):
         model = scaled_config(get_preset(args.model), size, vocab_size=args.vocab, seed=args.seed)
     workload = make_workload(args.workload, num_requests=args.requests, prompt=args.prompt_len,
                              output=args.output_len, arrivals=args.arrivals, shared_prefix=args.shared_prefix,
-                             seed=args.seed)
+                             seed=args.seed, num_samples=args.samples)
     engine = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks or 1, max_num_seqs=args.max_num_seqs,
                           enable_prefix_caching=not args.no_prefix_caching, backend=args.backend,
                           check_every=args.check_every)
@@ -152,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
     lines += [
         f"correctness      max |paged - dense| = {err if err is None else f'{err:.2e}'} over {s['checked_steps']} "
         f"checked steps; tokens match contiguous: {s['tokens_match']}",
-        f"preemptions      {s['preemptions']}; prefix-cache hits {s['prefix_hit_blocks']} blocks",
+        f"preemptions      {s['preemptions']}; prefix-cache hits {s['prefix_hit_blocks']} blocks"
+        + (f"; {s['samples_per_request']} samples per request, {s['cow_copies']} copy-on-write block copies"
+           if s["samples_per_request"] > 1 else ""),
         f"throughput       {s['tokens_per_s']:.1f} tokens/s; TTFT p50 {s['ttft_p50_ms']:.1f} ms, "
         f"p99 {s['ttft_p99_ms']:.1f} ms; TPOT p50 {s['tpot_p50_ms']:.2f} ms, p99 {s['tpot_p99_ms']:.2f} ms",
     ]

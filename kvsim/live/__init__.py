@@ -7,6 +7,7 @@ Imports torch (the rest of kvsim does not). Pieces, one concept per module:
   from the tensors;
 - :mod:`kvsim.live.engine`: the paged engine (BlockPool + kernels), the step loop;
 - :mod:`kvsim.live.contiguous`: the max-length reservation baseline;
+- :mod:`kvsim.live.sampling`: the next token of each sample (greedy sample 0, seeded sampling);
 - :mod:`kvsim.live.requests`: workloads -> token prompts, lengths scaled to fit;
 - :mod:`kvsim.live.metrics`, :mod:`kvsim.live.record`: TTFT/TPOT/throughput, the run record;
 - :mod:`kvsim.live.run`: :func:`run_live`, both engines over one workload, for the CLI and the page.

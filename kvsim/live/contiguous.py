@@ -2,8 +2,9 @@
 
 The allocation the paged design replaces: on admission a request gets a key and a value
 tensor ``[num_layers, max_len, num_kv_heads, head_dim]`` (its maximum length, reserved up
-front), written in place as it grows, dropped when it finishes. Same model, same greedy
-decoding, same FCFS admission and ``max_num_seqs`` cap as :class:`~kvsim.live.engine.PagedEngine`;
+front), written in place as it grows, dropped when it finishes. Same model, same token
+choice (:mod:`kvsim.live.sampling`), same FCFS admission and ``max_num_seqs`` cap as
+:class:`~kvsim.live.engine.PagedEngine`;
 attention is :func:`~kvsim.live.model.dense_attention` over the reservation's first
 tokens (no kernels, no block tables), so its tokens are an independent reference for the
 paged engine's.
@@ -14,6 +15,12 @@ their keys; on CUDA the reservations are real allocations, so
 ``torch.cuda.max_memory_allocated`` sees them too. ``capacity_bytes`` (optional) caps the
 reservations' total, which makes admission wait for memory the way a reserving server does;
 with ``None`` the cap is ``max_num_seqs`` alone.
+
+Parallel sampling: after a request's prefill, each of its other samples gets its own
+reservation, and the prompt's K/V are *copied* from sample 0's reservation (not
+recomputed: a contiguous engine has nothing to share, the copy is what it pays); the
+samples then decode with the same generators as the paged engine's. This engine never
+preempts.
 """
 
 from __future__ import annotations
@@ -28,14 +35,15 @@ import torch
 from kvsim.calculator import kv_usage
 from kvsim.errors import KvsimError
 from kvsim.live.cache import ContiguousKVCache
-from kvsim.live.engine import EngineRun, ProgressFn, RequestTrace, _Seq, close_step, take_tokens
+from kvsim.live.engine import (EngineRun, ProgressFn, RequestTrace, _Seq, check_samples_fit, close_step, pick_tokens,
+                               sid_stride, take_tokens)
 from kvsim.live.model import LiveModel, dense_attention
 from kvsim.live.requests import LiveRequest
 from kvsim.timeline import make_timeline
 
 
 class ContiguousEngine:
-    """Runs requests greedily, each over its own ``max_len`` reservation."""
+    """Runs requests, each sample over its own ``max_len`` reservation."""
 
     name = "contiguous"
 
@@ -60,15 +68,19 @@ class ContiguousEngine:
         longest = max(r.final_len for r in requests)
         if longest > self.max_len:
             raise KvsimError(f"a request of {longest} tokens exceeds the reservation of {self.max_len} tokens")
-        if self.capacity_bytes is not None and self.reservation_bytes > self.capacity_bytes:
-            raise KvsimError(f"one reservation of {self.max_len} tokens does not fit the capacity")
+        n_max = max(r.num_samples for r in requests)
+        if self.capacity_bytes is not None and n_max * self.reservation_bytes > self.capacity_bytes:
+            raise KvsimError(f"{n_max} reservation(s) of {self.max_len} tokens do not fit the capacity")
+        check_samples_fit(requests, self.max_num_seqs)
+        stride = sid_stride(requests)
         device = self.model.device
         on_cuda = device.type == "cuda"
         pending = sorted(requests, key=lambda r: (r.arrival_step, r.request_id))
-        traces = {r.request_id: RequestTrace(r.request_id, len(r.prompt)) for r in requests}
+        traces = {r.request_id: RequestTrace(r.request_id, len(r.prompt), samples=r.num_samples) for r in requests}
         waiting: list[_Seq] = []
         running: list[_Seq] = []
         outputs: dict[int, tuple[int, ...]] = {}
+        done_samples: dict[int, dict[int, tuple[int, ...]]] = {}
         rows: list[dict] = []
         clock, step, finished, total = 0.0, 0, 0, len(requests)
         cuda_peak = 0
@@ -83,24 +95,38 @@ class ContiguousEngine:
             while pending and pending[0].arrival_step <= step:
                 r = pending.pop(0)
                 traces[r.request_id].arrival_s = clock
-                waiting.append(_Seq(r))
+                waiting.append(_Seq(r, 0, stride))
             decoding = list(running)
             prefilling: list[_Seq] = []
-            while waiting and len(running) < self.max_num_seqs and (
+            num_seqs = len(running)  # sequences (reservations) once this step's admissions have forked
+            while waiting and num_seqs + waiting[0].req.num_samples <= self.max_num_seqs and (
                     self.capacity_bytes is None
-                    or (len(running) + 1) * self.reservation_bytes <= self.capacity_bytes):
+                    or (num_seqs + waiting[0].req.num_samples) * self.reservation_bytes <= self.capacity_bytes):
                 seq = waiting.pop(0)
-                self.cache.reserve(seq.req.request_id)
+                self.cache.reserve(seq.sid)
                 running.append(seq)
                 prefilling.append(seq)
+                num_seqs += seq.req.num_samples
 
-            segments = self._forward(prefilling, decoding)
-            first_now, finished_now = take_tokens(segments)
+            seqs, logits = self._forward(prefilling, decoding)
+            pairs, forks = pick_tokens(seqs, logits, {id(s) for s in prefilling}, stride)
+            for parent, kids in forks:  # each sample its own reservation, the prompt's K/V copied
+                at = running.index(parent) + 1
+                n = len(parent.tokens)
+                for kid in kids:
+                    self.cache.reserve(kid.sid)
+                    self.cache.key[kid.sid][:, :n] = self.cache.key[parent.sid][:, :n]
+                    self.cache.value[kid.sid][:, :n] = self.cache.value[parent.sid][:, :n]
+                running[at:at] = kids
+            first_now, finished_now = take_tokens(pairs)
             for seq in finished_now:
                 running.remove(seq)
-                self.cache.release(seq.req.request_id)
-                outputs[seq.req.request_id] = tuple(seq.generated)
-                finished += 1
+                self.cache.release(seq.sid)
+                got = done_samples.setdefault(seq.req.request_id, {})
+                got[seq.sample] = tuple(seq.generated)
+                if len(got) == seq.req.num_samples:
+                    outputs[seq.req.request_id] = got[0]
+                    finished += 1
             step_time, clock = close_step(t_start, clock, device, first_now, finished_now, traces)
 
             m = self.cache.measure()
@@ -129,9 +155,13 @@ class ContiguousEngine:
         if on_cuda:
             stats["cuda_max_memory_allocated_bytes"] = int(cuda_peak)
         tl = make_timeline(pd.DataFrame(rows).assign(source="contiguous"))
-        return EngineRun("contiguous", tl, outputs, list(traces.values()), 0, len(rows), clock, math.nan, 0, [], stats)
+        samples = {rid: tuple(got[i] for i in range(len(got))) for rid, got in sorted(done_samples.items())}
+        return EngineRun("contiguous", tl, outputs, list(traces.values()), 0, len(rows), clock, math.nan, 0, [], stats,
+                         samples)
 
-    def _forward(self, prefilling: list[_Seq], decoding: list[_Seq]) -> list[tuple[_Seq, int]]:
+    def _forward(self, prefilling: list[_Seq], decoding: list[_Seq]) -> tuple[list[_Seq], torch.Tensor]:
+        """Run the model over this step's new tokens; returns the sequences and their float32
+        logits at each one's last new token."""
         device = self.model.device
         tokens: list[int] = []
         positions: list[int] = []
@@ -147,13 +177,13 @@ class ContiguousEngine:
             positions.append(p)
             spans.append((seq, len(tokens) - 1, len(tokens), p))
         if not tokens:
-            return []
+            return [], torch.empty(0, self.model.config.vocab_size)
 
         def attend(layer: int, q, k, v):
             out = torch.empty_like(q)  # [T, num_heads, head_dim]
             for seq, lo, hi, first in spans:
-                kr = self.cache.key[seq.req.request_id][layer]  # [max_len, kv_heads, head_dim]
-                vr = self.cache.value[seq.req.request_id][layer]
+                kr = self.cache.key[seq.sid][layer]  # [max_len, kv_heads, head_dim]
+                vr = self.cache.value[seq.sid][layer]
                 kr[first:first + hi - lo] = k[lo:hi]
                 vr[first:first + hi - lo] = v[lo:hi]
                 out[lo:hi] = dense_attention(q[lo:hi], kr[:first + hi - lo], vr[:first + hi - lo], first)
@@ -163,8 +193,7 @@ class ContiguousEngine:
         pos = torch.tensor(positions, dtype=torch.int64, device=device)
         hidden = self.model.forward(ids, pos, attend)
         last = torch.tensor([hi - 1 for _, _, hi, _ in spans], dtype=torch.int64, device=device)
-        next_tokens = self.model.logits(hidden[last]).argmax(dim=-1).tolist()
-        return [(seq, int(t)) for (seq, _, _, _), t in zip(spans, next_tokens)]
+        return [seq for seq, _, _, _ in spans], self.model.logits(hidden[last])
 
 
 __all__ = ["ContiguousEngine"]

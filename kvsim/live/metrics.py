@@ -4,7 +4,7 @@
   the end of the step that produced its first token;
 - TPOT (time per output token): ``(finish - first token) / (output tokens - 1)`` per
   request with at least two output tokens;
-- throughput: output tokens of all requests / the engine clock (the sum of step times;
+- throughput: output tokens of all requests (every sample's) / the engine clock (the sum of step times;
   measuring the cache and the correctness checks run between steps and are not counted).
 
 Times are in seconds on the engine clock; percentiles are numpy's linear interpolation.
@@ -37,7 +37,7 @@ def tpot_s(traces: Iterable[RequestTrace]) -> list[float]:
 
 def serving_metrics(run: EngineRun) -> dict:
     """Throughput, TTFT and TPOT (p50/p99, milliseconds) and counts of one engine run."""
-    out_tokens = sum(t.output_tokens for t in run.requests)
+    out_tokens = sum(t.output_tokens * t.samples for t in run.requests)
     ttft, tpot = ttft_s(run.requests), tpot_s(run.requests)
     return {
         "requests": len(run.requests),

@@ -35,9 +35,17 @@ class LiveRequest:
     request_id: int  # index in the workload
     arrival_step: int  # first engine step at which it may be admitted
     prompt: tuple[int, ...]  # token ids
-    max_new_tokens: int  # greedy tokens to generate (no end-of-sequence token)
+    max_new_tokens: int  # tokens each sample generates (no end-of-sequence token)
     shared_prefix_tokens: int = 0  # leading prompt tokens shared with its prefix group
     prefix_group: int = 0
+    num_samples: int = 1  # parallel sampling: sequences forked from the prompt after its prefill
+    sample_seed: int = 0  # seeds the generators of samples 1.. (kvsim.live.sampling)
+
+    def peak_blocks_for(self, block_size: int) -> int:
+        """Blocks the request holds at its final length when running alone: the prompt's full
+        blocks once (shared by its samples), every sample's other blocks its own."""
+        shared = len(self.prompt) // block_size if self.num_samples > 1 else 0
+        return shared + self.num_samples * (-(-self.final_len // block_size) - shared)
 
     @property
     def final_len(self) -> int:
@@ -65,6 +73,7 @@ class PreparedWorkload:
                     "p99": float(np.percentile(a, 99)), "max": int(a.max())}
 
         return {"requests": len(self.requests), "prompt_tokens": dist(p), "output_tokens": dist(o),
+                "samples_per_request": max(r.num_samples for r in self.requests),
                 "shared_prefix_tokens": max((r.shared_prefix_tokens for r in self.requests), default=0),
                 "arrival_steps": [int(min(r.arrival_step for r in self.requests)),
                                   int(max(r.arrival_step for r in self.requests))]}
@@ -77,6 +86,8 @@ def prepare_requests(workload: Workload, *, max_len: int, vocab_size: int, seed:
         raise KvsimError(f"max_len must be an integer >= 2, got {max_len!r}")
     if not (isinstance(steps_per_s, (int, float)) and math.isfinite(steps_per_s) and steps_per_s > 0):
         raise KvsimError(f"steps per second must be a positive number, got {steps_per_s!r}")
+    if any(r.beam_width > 1 for r in workload.requests):
+        raise KvsimError("live mode runs parallel sampling, not beam search")
     longest = max(r.final_len for r in workload.requests)
     scale = min(1.0, max_len / longest)
     t0 = workload.requests[0].arrival_s if workload.timed else 0.0
@@ -91,7 +102,7 @@ def prepare_requests(workload: Workload, *, max_len: int, vocab_size: int, seed:
             shared = min(shared, p)
         prompt = _prompt_ids(r, i, p, shared, scale, workload.hash_block_size, vocab_size, seed)
         step = int(math.floor((r.arrival_s - t0) * steps_per_s)) if workload.timed else 0
-        out.append(LiveRequest(i, max(0, step), prompt, o, shared, r.prefix_group))
+        out.append(LiveRequest(i, max(0, step), prompt, o, shared, r.prefix_group, r.num_samples, seed))
     return PreparedWorkload(tuple(out), scale, max_len, workload.description, workload.name)
 
 
@@ -118,18 +129,21 @@ def _prompt_ids(r, index: int, length: int, shared: int, scale: float, hash_bloc
 
 def make_workload(kind: str = "synthetic", *, num_requests: int = 16, prompt: str = "uniform:16:64",
                   output: str = "uniform:16:64", arrivals: str = "all-at-once", shared_prefix: int = 0,
-                  seed: int = 0) -> Workload:
+                  seed: int = 0, num_samples: int = 1) -> Workload:
     """A workload by name: ``synthetic`` (``prompt``/``output`` length specs), a preset
     (``sharegpt-like``, ``alpaca-like``) or a trace file path (first ``num_requests`` rows;
     ``arrivals`` ``trace`` keeps its times). ``shared_prefix`` prepends a system prompt of
-    that many tokens to every prompt (synthetic and presets only)."""
+    that many tokens to every prompt (synthetic and presets only). ``num_samples`` is the
+    parallel samples of every request (any workload)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise KvsimError(f"samples per request must be a positive integer, got {num_samples!r}")
     key = str(kind).strip()
     if key.lower() == "synthetic":
         return synthetic_workload(num_requests, prompt, output, arrivals=arrivals, seed=seed,
-                                  system_prompt_tokens=shared_prefix)
+                                  system_prompt_tokens=shared_prefix, num_samples=num_samples)
     if key.lower() in PRESET_WORKLOADS:
         return preset_workload(key.lower(), num_requests, arrivals=arrivals, seed=seed,
-                               system_prompt_tokens=shared_prefix)
+                               system_prompt_tokens=shared_prefix, num_samples=num_samples)
     from pathlib import Path
 
     from kvsim.traces import read_trace
@@ -139,6 +153,10 @@ def make_workload(kind: str = "synthetic", *, num_requests: int = 16, prompt: st
     if shared_prefix:
         raise KvsimError("--shared-prefix applies to synthetic and preset workloads, not to traces")
     w = read_trace(key, limit=num_requests)
+    if num_samples > 1:
+        from dataclasses import replace
+
+        w = replace(w, requests=tuple(replace(r, num_samples=num_samples) for r in w.requests))
     if arrivals == "all-at-once":
         return w.all_at_once()
     if arrivals.startswith("poisson:"):

@@ -67,9 +67,12 @@ def resolve_device(device: str) -> torch.device:
 
 
 def default_num_blocks(prepared: PreparedWorkload, block_size: int, max_num_seqs: int) -> int:
-    """A pool that never preempts: the ``max_num_seqs`` longest requests at their final length."""
-    longest = sorted((r.final_len for r in prepared.requests), reverse=True)[:max_num_seqs]
-    return max(1, sum(-(-n // block_size) for n in longest))
+    """A pool that never preempts: the largest requests at their final length, as many as
+    ``max_num_seqs`` sequences allow (a request of ``n`` samples holds its prompt's full
+    blocks once and ``n`` copies of the rest)."""
+    fit = max(1, max_num_seqs // min(r.num_samples for r in prepared.requests))
+    peaks = sorted((r.peak_blocks_for(block_size) for r in prepared.requests), reverse=True)[:fit]
+    return max(1, sum(peaks))
 
 
 def run_live(workload: Workload, settings: LiveSettings, progress: ProgressFn | None = None) -> LiveResult:
@@ -138,7 +141,7 @@ def summarize(prun: EngineRun, crun: EngineRun | None, *, settings: LiveSettings
     serving = serving_metrics(prun)
     tokens_match = None
     if crun is not None:
-        tokens_match = prun.outputs == crun.outputs
+        tokens_match = prun.samples == crun.samples  # every sample of every request
     out = {
         "backend": backend,
         "device": str(device),
@@ -152,6 +155,8 @@ def summarize(prun: EngineRun, crun: EngineRun | None, *, settings: LiveSettings
         **{k: v for k, v in serving.items() if k != "steps"},
         "prefix_hit_blocks": prun.stats.get("prefix_hit_blocks"),
         "prefix_query_blocks": prun.stats.get("prefix_query_blocks"),
+        "samples_per_request": max(r.num_samples for r in prepared.requests),
+        "cow_copies": prun.stats.get("cow_copies"),
         "peak_retained_prefix_bytes": prun.stats.get("peak_retained_prefix_bytes"),
         "pool_bytes": pool_bytes,
     }

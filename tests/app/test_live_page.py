@@ -43,6 +43,22 @@ def test_live_page_runs_and_draws_measured_beside_predicted():
     assert len(at.get("download_button")) == 2
 
 
+def test_samples_share_the_prompt_and_copy_on_write():
+    at = _open()
+    _set_small(at)
+    at.number_input(key="live_samples").set_value(3)
+    at.button(key="live_run").click().run()
+    assert not at.exception and not at.error
+    m = _metrics(at)
+    assert m["Samples per request"] == "3"
+    assert int(m["Copy-on-write copies"].replace(",", "")) > 0
+    assert m["Tokens match contiguous"] == "yes"
+    assert m["Worst step difference"] == "0 B"
+    assert m["Finished requests"] == "6 / 6"
+    names = {t["name"]: t for t in _charts(at)[0]["data"]}
+    assert names["paged: measured blocks in use"]["y"] == names["paged: predicted (calculator)"]["y"]
+
+
 def test_small_pool_preempts_and_bad_input_keeps_the_result():
     at = _open()
     _set_small(at)

@@ -60,7 +60,25 @@ def test_small_pool_from_the_cli(capsys):
     assert d["max_step_error_bytes"] == 0
 
 
+def test_samples_flag(capsys):
+    # 3 requests of 20-token prompts (not a whole number of 16-token blocks): each forks twice
+    # and every sample but the last copies the shared partial block once
+    d = _run_json(capsys, "--samples", "3", "--requests", "3", "--prompt-len", "20", "--output-len", "6",
+                  "--check-every", "2")
+    assert d["samples_per_request"] == 3 and d["record"]["workload"]["samples_per_request"] == 3
+    assert d["cow_copies"] == 3 * 2
+    assert d["tokens_match"] is True and d["max_step_error_bytes"] == 0 and d["max_abs_error"] < 1e-4
+    assert d["output_tokens"] == 3 * 3 * 6 and d["finished"] == 3
+    assert d["peak_running"] <= 8  # two requests of three samples fit the default 8 sequences
+    assert d["contiguous"]["peak_running"] == d["peak_running"]
+    default = _run_json(capsys, "--requests", "3", "--prompt-len", "20", "--output-len", "6")
+    assert default["samples_per_request"] == 1 and default["cow_copies"] == 0
+
+
 @pytest.mark.parametrize("argv, fragment", [
+    (["--samples", "0"], "samples per request must be a positive integer, got 0"),
+    (["--samples", "-2"], "samples per request must be a positive integer, got -2"),
+    (["--samples", "9"], "max running sequences is 8"),
     (["--block-size", "12"], "power of two"),
     (["--num-blocks", "1"], "pool of 1 blocks"),
     (["--prompt-len", "uniform:9:3"], "uniform"),
