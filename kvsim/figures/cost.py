@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvsim.figures.style import STRATEGY_COLORS, styled, titled
+
 from kvsim.units import GiB
 
 KV_COLOR = "#2f6db5"
@@ -18,23 +20,6 @@ WEIGHT_COLOR = "#868e96"
 SHARE_COLOR = "#d9480f"
 LATENCY_COLOR = "#d9480f"
 THROUGHPUT_COLOR = "#2f6db5"
-STRATEGY_COLORS = {
-    "paged": "#2f6db5", "reserve-max": "#d9480f", "reserve-pow2": "#f59f00", "oracle": "#2b8a3e",
-    "pow2": "#f59f00", "paged+prefix": "#5f3dc4",
-}
-
-
-def _title(text: str, assumed: str) -> dict:
-    return dict(text=f"{text}<br><sup>{assumed}</sup>", x=0.01, xanchor="left")
-
-
-def _layout(fig: go.Figure, **kw) -> go.Figure:
-    """Shared look; the legend sits under the plot so it never covers the two-line title."""
-    fig.update_layout(margin=dict(l=10, r=10, t=80, b=40), plot_bgcolor="white",
-                      legend=dict(orientation="h", yanchor="top", y=-0.2, x=0, xanchor="left"), **kw)
-    fig.update_xaxes(showgrid=True, gridcolor="#eee")
-    fig.update_yaxes(showgrid=True, gridcolor="#eee")
-    return fig
 
 
 def _vertical(fig: go.Figure, x: float, top: float, name: str, color: str, dash: str, bottom: float = 0.0) -> None:
@@ -56,9 +41,9 @@ def context_cost_figure(df: pd.DataFrame, assumed: str) -> go.Figure:
     fig.add_trace(go.Scatter(x=ctx, y=(100 * df["attention_share"]).tolist(), name="attention share of step time",
                              mode="lines+markers", yaxis="y2", line=dict(color=SHARE_COLOR),
                              hovertemplate="%{y:.1f} %<extra>attention share</extra>"))
-    return _layout(
+    return styled(
         fig,
-        title=_title("Every decode step reads the whole context's KV: paging does not shrink it", assumed),
+        title=titled("Every decode step reads the whole context's KV: paging does not shrink it", assumed),
         xaxis=dict(title="context per sequence (tokens)", type="category"),
         yaxis=dict(title="bytes read per step (GiB)", rangemode="tozero"),
         yaxis2=dict(title="attention share of step time (%)", overlaying="y", side="right", range=[0, 100],
@@ -84,9 +69,9 @@ def batch_cost_figure(df: pd.DataFrame, assumed: str, *, max_batch_in_memory: in
         _vertical(fig, max_batch_in_memory, top, f"KV memory full at batch {max_batch_in_memory:,}", "#495057", "dot")
     if ridge_batch is not None:
         _vertical(fig, ridge_batch, top, f"step compute-bound from batch ~{ridge_batch:,.0f}", "#2b8a3e", "dash")
-    return _layout(
+    return styled(
         fig,
-        title=_title("Bigger batches raise throughput and per-token latency", assumed),
+        title=titled("Bigger batches raise throughput and per-token latency", assumed),
         xaxis=dict(title="decode batch (sequences)", type="log"),
         yaxis=dict(title="throughput (tokens/s)", rangemode="tozero"),
         yaxis2=dict(title="per-token latency (ms)", overlaying="y", side="right", rangemode="tozero",
@@ -114,9 +99,9 @@ def roofline_figure(grid: pd.DataFrame, ridge_point: float, bandwidth_bytes_per_
             hovertemplate="%{text}<br>%{x:.1f} FLOP/B, %{y:.2f} TFLOP/s<extra></extra>"))
     _vertical(fig, ridge_point, flops_per_s / 1e12, f"ridge point {ridge_point:,.0f} FLOP/B", "#2b8a3e", "dash",
               bottom=float(roof.min()))
-    return _layout(
+    return styled(
         fig,
-        title=_title("Where decode steps sit on the roofline: memory-bound left of the ridge", assumed),
+        title=titled("Where decode steps sit on the roofline: memory-bound left of the ridge", assumed),
         xaxis=dict(title="arithmetic intensity (FLOPs per byte moved)", type="log"),
         yaxis=dict(title="achieved throughput (TFLOP/s)", type="log"),
     )
@@ -136,9 +121,9 @@ def rate_sweep_figure(df: pd.DataFrame, assumed: str, *, latency_bound_s: float 
         rates = [0.0, float(df["rate_per_s"].max())]
         fig.add_trace(go.Scatter(x=rates, y=[latency_bound_s] * 2, mode="lines", hoverinfo="name",
                                  name=f"latency bound {latency_bound_s:.3g} s/token", line=dict(color="#495057", dash="dot")))
-    return _layout(
+    return styled(
         fig,
-        title=_title("Normalized latency versus request rate: where each strategy's latency explodes", assumed),
+        title=titled("Normalized latency versus request rate: where each strategy's latency explodes", assumed),
         xaxis=dict(title="request rate (requests/s)", rangemode="tozero"),
         yaxis=dict(title="normalized latency (s per output token)", type="log"),
     )
@@ -153,9 +138,9 @@ def step_time_validation_figure(df: pd.DataFrame, assumed: str) -> go.Figure:
     fig.add_trace(go.Scatter(x=df["step"].tolist(), y=(1e3 * df["predicted_step_time_s"]).tolist(),
                              mode="lines", name="cost model (roofline)", line=dict(color="#2f6db5", dash="dash"),
                              hovertemplate="step %{x}<br>%{y:.3f} ms<extra>predicted</extra>"))
-    return _layout(
+    return styled(
         fig,
-        title=_title("Step time: measured against the cost model's prediction", assumed),
+        title=titled("Step time: measured against the cost model's prediction", assumed),
         xaxis=dict(title="engine step"),
         yaxis=dict(title="step time (ms)", rangemode="tozero"),
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvsim.figures.style import styled, titled
+
 from kvsim.units import KiB, MiB
 
 PAGED_COLOR = "#2f6db5"
@@ -17,18 +19,6 @@ CONTIG_COLOR = "#d9480f"
 LIVE_COLOR = "#2b8a3e"
 WAITING_COLOR = "#868e96"
 PREEMPT_COLOR = "#c92a2a"
-
-
-def _title(text: str, assumed: str) -> dict:
-    return dict(text=f"{text}<br><sup>{assumed}</sup>", x=0.01, xanchor="left")
-
-
-def _layout(fig: go.Figure, **kw) -> go.Figure:
-    fig.update_layout(margin=dict(l=10, r=10, t=80, b=40), plot_bgcolor="white",
-                      legend=dict(orientation="h", yanchor="top", y=-0.2, x=0, xanchor="left"), **kw)
-    fig.update_xaxes(showgrid=True, gridcolor="#eee")
-    fig.update_yaxes(showgrid=True, gridcolor="#eee")
-    return fig
 
 
 def byte_unit(max_bytes: float) -> tuple[float, str]:
@@ -56,7 +46,7 @@ def kv_timeline_figure(timeline: pd.DataFrame, assumed: str) -> go.Figure:
     if len(cont):
         line(cont, "measured_kv_bytes", "contiguous: measured reservations", CONTIG_COLOR)
         line(cont, "predicted_kv_bytes", "contiguous: predicted", CONTIG_COLOR, dash="dot")
-    return _layout(fig, title=_title("KV cache over the run: measured from the tensor vs predicted", assumed),
+    return styled(fig, title=titled("KV cache over the run: measured from the tensor vs predicted", assumed),
                    xaxis_title="engine step", yaxis_title=f"KV bytes ({unit})")
 
 
@@ -72,7 +62,7 @@ def activity_figure(timeline: pd.DataFrame, assumed: str) -> go.Figure:
     fig.add_trace(go.Scatter(x=steps, y=paged["preemptions"].tolist(), name="preemptions (cumulative)",
                              mode="lines", yaxis="y2", line=dict(color=PREEMPT_COLOR, dash="dash", shape="hv")))
     top = max(1, int(paged["preemptions"].max()) if len(paged) else 0)  # a count: whole ticks, from 0
-    return _layout(fig, title=_title("Active requests and preemptions (paged engine)", assumed),
+    return styled(fig, title=titled("Active requests and preemptions (paged engine)", assumed),
                    xaxis_title="engine step", yaxis_title="requests",
                    yaxis2=dict(title="preemptions (cumulative)", overlaying="y", side="right",
                                range=[0, top * 1.05], tickformat=",d", showgrid=False))
@@ -85,7 +75,7 @@ def step_time_figure(compare: pd.DataFrame, assumed: str) -> go.Figure:
                              name="measured", mode="lines", line=dict(color=PAGED_COLOR)))
     fig.add_trace(go.Scatter(x=compare["step"].tolist(), y=(1e3 * compare["predicted_step_time_s"]).tolist(),
                              name="cost model (roofline)", mode="lines", line=dict(color=CONTIG_COLOR, dash="dot")))
-    return _layout(fig, title=_title("Step time: measured vs the cost model", assumed),
+    return styled(fig, title=titled("Step time: measured vs the cost model", assumed),
                    xaxis_title="engine step", yaxis_title="step time (ms)")
 
 

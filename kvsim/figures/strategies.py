@@ -20,6 +20,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+from kvsim.figures.style import STRATEGY_COLORS, legend_below, titled
 from plotly.subplots import make_subplots
 
 from kvsim.strategies import PAPER_NAMES, PAPER_TOKEN_STATE_PERCENT, parse_strategy
@@ -33,19 +35,8 @@ CATEGORIES = (
     ("external_frag_bytes", "external fragmentation", "#c92a2a"),
     ("free_bytes", "free", "#dee2e6"),
 )
-STRATEGY_COLORS = {
-    "reserve-max": "#d9480f", "pow2": "#f59f00", "oracle": "#2b8a3e", "paged": "#2f6db5", "paged+prefix": "#7048e8",
-}
 _CUMULATIVE = ("preemptions", "finished", "dropped", "prefix_hit_blocks", "prefix_query_blocks", "step", "time_s")
 PAPER_SETTING = "paper: OPT-13B on an A100-40GB, ShareGPT requests"
-
-
-def _title(text: str, assumed: str) -> dict:
-    return dict(text=f"{text}<br><sup>{assumed}</sup>", x=0.01, xanchor="left")
-
-
-def _legend_below(y: float = -0.12) -> dict:
-    return dict(orientation="h", yanchor="top", y=y, x=0, xanchor="left")
 
 
 def strategy_color(label: str) -> str:
@@ -98,9 +89,9 @@ def memory_breakdown_figure(timelines: Mapping[str, pd.DataFrame], assumed: str,
             ), row=i, col=1)
         fig.update_yaxes(title_text="KV memory (GiB)", rangemode="tozero", row=i, col=1)
     fig.update_xaxes(title_text="engine step (one token per running sequence)", row=rows, col=1)
-    fig.update_layout(title=_title("Where the KV memory goes, step by step", assumed), height=150 + 190 * rows,
+    fig.update_layout(title=titled("Where the KV memory goes, step by step", assumed), height=150 + 190 * rows,
                       margin=dict(l=10, r=10, t=90, b=40), plot_bgcolor="white",
-                      legend=_legend_below(-0.35 / rows), hovermode="x")
+                      legend=legend_below(-0.35 / rows), hovermode="x")
     return fig
 
 
@@ -149,9 +140,9 @@ def fraction_figure(frame: pd.DataFrame, assumed: str) -> go.Figure:
                                  marker=dict(symbol="diamond", size=13, color="black", line=dict(color="white", width=1)),
                                  hovertemplate="paper: %{x:.1f} %<extra></extra>"))
     fig.update_layout(
-        title=_title("Share of the KV memory in use, averaged over the run", assumed), barmode="stack",
+        title=titled("Share of the KV memory in use, averaged over the run", assumed), barmode="stack",
         height=170 + 48 * len(labels), margin=dict(l=10, r=10, t=80, b=40), plot_bgcolor="white",
-        legend=dict(_legend_below(-0.3), traceorder="normal"), xaxis=dict(title="share of KV memory in use (%)", range=[0, 100], gridcolor="#eee"),
+        legend=dict(legend_below(-0.3), traceorder="normal"), xaxis=dict(title="share of KV memory in use (%)", range=[0, 100], gridcolor="#eee"),
         yaxis=dict(title="strategy", autorange="reversed"),
     )
     return fig
@@ -183,8 +174,8 @@ def block_size_sweep_figure(sweep: pd.DataFrame, assumed: str, *, current_block_
     fig.update_yaxes(title_text="count", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=x)
     fig.update_xaxes(title_text="block size (tokens per block)", row=2, col=1)
-    fig.update_layout(title=_title("Block size: slack in the last block versus sharing the pool", assumed), height=560,
-                      margin=dict(l=10, r=10, t=90, b=40), plot_bgcolor="white", legend=_legend_below(-0.14))
+    fig.update_layout(title=titled("Block size: slack in the last block versus sharing the pool", assumed), height=560,
+                      margin=dict(l=10, r=10, t=90, b=40), plot_bgcolor="white", legend=legend_below(-0.14))
     return fig
 
 
@@ -218,9 +209,9 @@ def activity_figure(timelines: Mapping[str, pd.DataFrame], assumed: str, *, max_
     if with_prefix:
         fig.update_yaxes(title_text="hit rate (%)", range=[0, 100], row=3, col=1)
     fig.update_xaxes(title_text="engine step", row=rows, col=1)
-    fig.update_layout(title=_title("Batch size, preemptions and prefix-cache hits over the run", assumed),
+    fig.update_layout(title=titled("Batch size, preemptions and prefix-cache hits over the run", assumed),
                       height=170 + 200 * rows, margin=dict(l=10, r=10, t=90, b=40), plot_bgcolor="white",
-                      legend=_legend_below(-0.3 / rows))
+                      legend=legend_below(-0.3 / rows))
     return fig
 
 
