@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.apphelpers import APP
-
 from kvsim.engine.sample import SAMPLE_LABEL, SAMPLE_VLLM_LOG
+
+from tests.app.apphelpers import APP
+from tests.loopback import closed_port, serve
 
 
 VLLM_TEXT = """\
@@ -48,18 +47,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with serve(_Handler) as url:
+        yield url
 
 
 def _page() -> AppTest:
@@ -116,7 +105,7 @@ def test_polls_a_loopback_engine(server):
 
 
 @pytest.mark.parametrize("make_url, needle", [
-    (lambda srv: f"http://127.0.0.1:{_closed_port()}/metrics", "connection refused"),
+    (lambda srv: f"http://127.0.0.1:{closed_port()}/metrics", "connection refused"),
     (lambda srv: srv + "/index.html", "HTML"),
     (lambda srv: "ftp://127.0.0.1/metrics", "only http:// and https://"),
 ])

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_texts import MODEL, NODE_EXPORTER, SGLANG, TRITON, TRTLLM, VLLM_V0, vllm_v1
 from kvsim.engine import detect_engine, parse_metrics
 from kvsim.errors import KvsimError
+
+from tests.kvsim.engine_texts import MODEL, NODE_EXPORTER, SGLANG, TRITON, TRTLLM, VLLM_V0, vllm_v1
 
 
 def test_vllm_v1_two_engines_are_read_one_by_one_and_combined():

@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import io
 import json
-import socket
-import sys
 import threading
 import time
 from contextlib import redirect_stderr, redirect_stdout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import BaseHTTPRequestHandler
 
 import pandas as pd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_texts import SGLANG, TRITON, TRTLLM, VLLM_V0, vllm_v1  # noqa: E402
+from kvsim.cli import main
+from kvsim.engine import check_url, fetch_text, poll, scrape, scrapes_to_timeline
+from kvsim.engine.poll import Scrape
+from kvsim.errors import KvsimError
+from kvsim.timeline import validate_timeline
 
-from kvsim.cli import main  # noqa: E402
-from kvsim.engine import check_url, fetch_text, poll, scrape, scrapes_to_timeline  # noqa: E402
-from kvsim.engine.poll import Scrape  # noqa: E402
-from kvsim.errors import KvsimError  # noqa: E402
-from kvsim.timeline import validate_timeline  # noqa: E402
+from tests.kvsim.engine_texts import SGLANG, TRITON, TRTLLM, VLLM_V0, vllm_v1
+from tests.loopback import closed_port, serve
 
 ROUTES = {
     "/metrics": vllm_v1(),
@@ -133,19 +130,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def base():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with serve(_Handler) as url:
+        yield url
 
 
 # ----- each engine over HTTP --------------------------------------------------------------
@@ -191,7 +177,7 @@ def test_refused_urls(url, needle):
 def test_connection_refused_is_quick_and_says_what_to_start():
     start = time.monotonic()
     with pytest.raises(KvsimError, match="connection refused.*vllm serve MODEL"):
-        fetch_text(f"http://127.0.0.1:{_closed_port()}/metrics", timeout_s=2)
+        fetch_text(f"http://127.0.0.1:{closed_port()}/metrics", timeout_s=2)
     assert time.monotonic() - start < 2
 
 
@@ -247,7 +233,7 @@ def test_http_redirect_is_followed(base):
 
 
 def test_every_error_is_one_line(base):
-    for url in (base + "/html", base + "/500", f"http://127.0.0.1:{_closed_port()}/", base + "/garbage"):
+    for url in (base + "/html", base + "/500", f"http://127.0.0.1:{closed_port()}/", base + "/garbage"):
         with pytest.raises(KvsimError) as info:
             scrape(url, timeout_s=2)
         assert "\n" not in str(info.value)
@@ -280,7 +266,7 @@ def test_poll_keeps_what_it_had_when_the_engine_goes_away(base):
 
 def test_poll_first_failure_raises():
     with pytest.raises(KvsimError, match="connection refused"):
-        poll(f"http://127.0.0.1:{_closed_port()}/metrics", samples=3, interval_s=0.01, timeout_s=1)
+        poll(f"http://127.0.0.1:{closed_port()}/metrics", samples=3, interval_s=0.01, timeout_s=1)
 
 
 def test_poll_schedules_scrapes_interval_apart():
@@ -371,7 +357,7 @@ def test_cli_samples_model_and_gpu(base):
     ("{base}/html", "HTML page"),
 ])
 def test_cli_errors_are_one_line_exit_2(base, url, needle):
-    code, out, err = _cli("engine", "--url", url.format(port=_closed_port(), base=base), "--timeout", "2")
+    code, out, err = _cli("engine", "--url", url.format(port=closed_port(), base=base), "--timeout", "2")
     assert code == 2 and out == ""
     assert err.startswith("kvsim: error: ") and needle in err and err.count("\n") == 1
 
