@@ -172,16 +172,6 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
-def _label_int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return int(value) if math.isfinite(value) and value.is_integer() and value >= 0 else None
-
-
 def _label_float(text: str | None) -> float | None:
     if text is None:
         return None
@@ -190,6 +180,11 @@ def _label_float(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def _label_int(text: str | None) -> int | None:
+    value = _label_float(text)
+    return int(value) if value is not None and value.is_integer() and value >= 0 else None
 
 
 def _label_bool(text: str | None) -> bool | None:
